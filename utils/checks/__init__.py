@@ -1,0 +1,59 @@
+"""Exercise checks: each one runs the learner's code and says plainly what is wrong.
+
+A check cell looks like ``lab01.check_forward(forward)``. It prints a tick when the
+exercise is solved; otherwise it raises an ``ExerciseError`` whose notebook display is
+the message alone (IPython's ``_render_traceback_`` hook), plus the learner's own
+traceback when their code crashed, never a wall of frames from inside this package.
+"""
+from __future__ import annotations
+
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+
+_HERE = str(Path(__file__).resolve().parent)
+
+
+class ExerciseError(AssertionError):
+    """An exercise is not solved yet, or its answer is wrong."""
+
+    def _render_traceback_(self) -> list[str]:
+        lines = [f"\u2717 {self}"]
+        cause = self.__cause__
+        if cause is not None:
+            frames = [f for f in traceback.extract_tb(cause.__traceback__) if not f.filename.startswith(_HERE)]
+            lines += ["", "Your code raised this (innermost call last):"]
+            lines += [line.rstrip("\n") for line in traceback.format_list(frames)]
+            lines += traceback.format_exception_only(type(cause), cause)
+        return lines
+
+
+class NotSolved(ExerciseError):
+    """The exercise still holds its stub (it raised NotImplementedError)."""
+
+
+class Incorrect(ExerciseError):
+    """The exercise runs but gives a wrong answer, or crashes."""
+
+
+@contextmanager
+def exercise(name: str):
+    """Run a check of exercise ``name``, turning every failure into a clear ExerciseError."""
+    try:
+        yield
+    except ExerciseError:
+        raise
+    except NotImplementedError as stub:
+        hint = str(stub).strip()
+        raise NotSolved(f"{name} is not solved yet: replace the `raise NotImplementedError` in the "
+                        f"exercise cell with your code, run that cell, then this one."
+                        + (f"\n  {hint}" if hint else "")) from None
+    except Exception as error:
+        raise Incorrect(f"{name}: your code raised {type(error).__name__}: {error}") from error
+    print(f"\u2713 {name}: passed")
+
+
+def expect(condition: bool, message: str) -> None:
+    """Fail the current exercise with ``message`` unless ``condition`` holds."""
+    if not condition:
+        raise Incorrect(message)
