@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 
 lab: $(STAMP)
 	$(BIN)/python -m utils.release --workspace $(WORKSPACE)
-	$(BIN)/jupyter lab --notebook-dir=$(WORKSPACE) $(LAB_ARGS)
+	$(BIN)/jupyter lab --notebook-dir=$(WORKSPACE) $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -5,15 +5,20 @@ later labs add their convolutional networks here.
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 from torch import nn
 
 
 def mlp_layer_shapes(n_layers: int, d_in: int, d_hidden: int, n_classes: int) -> list[tuple[int, int]]:
     """(in_features, out_features) of each linear layer: d_in -> d_hidden ... -> n_classes."""
-    for name, value in (("n_layers", n_layers), ("d_in", d_in), ("d_hidden", d_hidden), ("n_classes", n_classes)):
-        if not isinstance(value, int) or value < 1:
+    sizes = {"n_layers": n_layers, "d_in": d_in, "d_hidden": d_hidden, "n_classes": n_classes}
+    for name, value in sizes.items():
+        # numbers.Integral admits numpy integers (e.g. from np.prod); bool is not a size.
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    n_layers, d_in, d_hidden, n_classes = (int(v) for v in sizes.values())
     widths = [d_in] + [d_hidden] * (n_layers - 1) + [n_classes]
     return list(zip(widths[:-1], widths[1:]))
 

@@ -1,0 +1,207 @@
+"""Step time of the course's training loop against a plain PyTorch loop, and against the FLOP bound.
+
+Trains the lab-01 configuration (MLP 1024 -> 256 -> 256 -> 256 -> 32, synthetic data with
+10000 training samples, batch 64, SGD lr 0.1 with LinearLR 1.0 -> 0.3) twice per repeat:
+
+  A. course: ``utils.train.train`` (progress and log printing off, one evaluation at the
+     first and the last step only), step times read from ``History.step_time_ms``;
+  B. plain:  the classic minimal loop written below, timed per step the same way.
+
+Runs alternate A B A B ..., every run starts from the same initial weights, and the first
+``--warmup`` steps of each run are left out. Reported: the median step time of each loop,
+their ratio (course / plain, target <= 1.0), the achieved GFLOP/s (FLOPs from
+``utils.perf.mlp_train_flops``) and the ratio of step time to the FLOP-bound time
+(FLOPs / ``utils.perf.matmul_peak_gflops()`` measured in this run; target <= 2).
+
+    .venv/bin/python benchmarks/bench_training_loop.py [--steps N] [--repeats R]
+        [--warmup W] [--threads T] [--device cpu|cuda] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from utils.data import synthetic  # noqa: E402
+from utils.models import MLP  # noqa: E402
+from utils.perf import matmul_peak_gflops, mlp_train_flops  # noqa: E402
+from utils.train import train  # noqa: E402
+
+# The lab-01 configuration.
+N_LAYERS, D_IN, D_HIDDEN, N_CLASSES = 4, 1024, 256, 32
+TRAIN_SIZE, BATCH, LR, LR_END_FACTOR = 10000, 64, 0.1, 0.3
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def course_loop(model, data, n_steps: int, device: torch.device) -> list[float]:
+    """Step times (ms) of the course's loop.
+
+    Timed region (inside utils.train.train): gathering the batch ``x_train[index]``,
+    ``y_train[index]``, forward, cross_entropy, zero_grad, backward, optimizer.step,
+    scheduler.step. Outside it: drawing the next index tensor, and the two evaluations
+    (after step 0 and after the last step, as log_every = n_steps).
+    """
+    history = train(model, data, batch_size=BATCH, lr=LR, lr_end_factor=LR_END_FACTOR, n_steps=n_steps,
+                    log_every=n_steps, eval_size=1000, device=device, shuffle=False,
+                    progress=False, print_log=False)
+    return history.step_time_ms
+
+
+def plain_loop(model, data, n_steps: int, device: torch.device) -> list[float]:
+    """Step times (ms) of the classic minimal loop: the next 64 samples of the training tensor per step.
+
+    Timed region: slicing the batch, forward, cross_entropy, zero_grad, backward,
+    optimizer.step, scheduler.step -- the same work as the course's timed region (the
+    course gathers the batch by index, this loop takes a view). On CUDA each step is
+    bracketed by CUDA events read back at the end, as the course's StepTimer does; on
+    the CPU the work is synchronous and wall-clock time is exact.
+    """
+    model.to(device).train()
+    x, y = data.x_train.to(device), data.y_train.to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1.0, end_factor=LR_END_FACTOR,
+                                                  total_iters=n_steps)
+    batches_per_epoch = len(x) // BATCH  # the last partial batch is dropped, as in the course's loop
+    cuda = device.type == "cuda"
+    events, times = [], []
+    for step in range(n_steps):
+        start = (step % batches_per_epoch) * BATCH
+        if cuda:
+            events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+            events[-1][0].record()
+        else:
+            t0 = time.perf_counter()
+        loss = F.cross_entropy(model(x[start:start + BATCH]), y[start:start + BATCH])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        if cuda:
+            events[-1][1].record()
+        else:
+            times.append((time.perf_counter() - t0) * 1e3)
+    if cuda:
+        events[-1][1].synchronize()
+        times = [a.elapsed_time(b) for a, b in events]
+    return times
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine(device: torch.device) -> dict:
+    info = {"cpu": cpu_model(), "logical_cores": os.cpu_count(), "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
+            "device": str(device)}
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=1000, help="steps per run (default 1000, lab 01's)")
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each loop, interleaved (default 5)")
+    parser.add_argument("--warmup", type=int, default=50, help="steps left out at the start of each run")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    parser.add_argument("--json", metavar="PATH", help="also write the numbers to this JSON file")
+    args = parser.parse_args(argv)
+    if args.steps <= args.warmup:
+        parser.error("--steps must be larger than --warmup")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda asked for, but this machine has no CUDA GPU")
+
+    data = synthetic(train_size=TRAIN_SIZE, d_in=D_IN, n_classes=N_CLASSES, seed=0)
+    torch.manual_seed(0)
+    init_state = MLP(N_LAYERS, D_IN, D_HIDDEN, N_CLASSES).state_dict()  # one init shared by every run
+
+    def fresh_model():
+        model = MLP(N_LAYERS, D_IN, D_HIDDEN, N_CLASSES)
+        model.load_state_dict(init_state)
+        return model.to(device)
+
+    peaks = [matmul_peak_gflops(device)]
+    loops = {"course": course_loop, "plain": plain_loop}
+    kept = {name: [] for name in loops}       # post-warm-up step times of all runs, pooled
+    run_medians = {name: [] for name in loops}
+    final = {}
+    for _ in range(args.repeats):
+        for name, loop in loops.items():       # A B A B ...
+            model = fresh_model()
+            times = loop(model, data, args.steps, device)[args.warmup:]
+            sync(device)
+            kept[name] += times
+            run_medians[name].append(statistics.median(times))
+            final.setdefault(name, [p.detach().cpu().clone() for p in model.parameters()])
+    peaks.append(matmul_peak_gflops(device))
+    peak = max(peaks)
+
+    # Same work: from the same init, both loops must end at the same weights.
+    weight_diff = max((a - b).abs().max().item() for a, b in zip(final["course"], final["plain"]))
+    flops = mlp_train_flops(BATCH, N_LAYERS, D_IN, D_HIDDEN, N_CLASSES)
+    bound_ms = flops / (peak * 1e9) * 1e3
+    results = {}
+    for name in loops:
+        median = statistics.median(kept[name])
+        results[name] = {"median_step_ms": median, "run_medians_ms": run_medians[name],
+                         "gflops": flops / (median * 1e-3) / 1e9, "step_over_flop_bound": median / bound_ms}
+    ratio = results["course"]["median_step_ms"] / results["plain"]["median_step_ms"]
+    report = {"date": datetime.date.today().isoformat(), "machine": machine(device),
+              "config": {"n_layers": N_LAYERS, "d_in": D_IN, "d_hidden": D_HIDDEN, "n_classes": N_CLASSES,
+                         "train_size": TRAIN_SIZE, "batch_size": BATCH, "lr": LR, "lr_end_factor": LR_END_FACTOR,
+                         "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats},
+              "flops_per_step": flops, "matmul_peak_gflops": peak, "matmul_peak_gflops_runs": peaks,
+              "flop_bound_ms": bound_ms, "course_over_plain": ratio,
+              "max_final_weight_diff": weight_diff, "results": results}
+
+    m = report["machine"]
+    print(f"Machine: {m['cpu']}, {m['logical_cores']} logical cores, torch {m['torch']}, "
+          f"{m['torch_threads']} torch threads, device {m.get('gpu', m['device'])}")
+    print(f"Lab-01 MLP {D_IN}-{D_HIDDEN}x{N_LAYERS - 1}-{N_CLASSES}, batch {BATCH}: "
+          f"{flops / 1e6:.1f} MFLOP/step; matmul peak {peak:.1f} GFLOP/s -> FLOP-bound step {bound_ms:.3f} ms")
+    print(f"{args.repeats} interleaved runs x {args.steps} steps per loop, first {args.warmup} steps of each run "
+          f"left out; final weights course vs plain: max |diff| = {weight_diff:.2g}\n")
+    print("| loop | median step (ms) | run medians (ms) | GFLOP/s | step / FLOP-bound |")
+    print("|---|---:|---:|---:|---:|")
+    for name in loops:
+        r = results[name]
+        spread = f"{min(r['run_medians_ms']):.3f} - {max(r['run_medians_ms']):.3f}"
+        print(f"| {name} | {r['median_step_ms']:.3f} | {spread} | {r['gflops']:.1f} | "
+              f"{r['step_over_flop_bound']:.2f}x |")
+    print(f"\ncourse / plain = {ratio:.3f} (target <= 1.0: {'met' if ratio <= 1.0 else 'NOT met'}); "
+          f"course step / FLOP-bound = {results['course']['step_over_flop_bound']:.2f}x "
+          f"(target <= 2: {'met' if results['course']['step_over_flop_bound'] <= 2 else 'NOT met'})")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"numbers written to {args.json}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

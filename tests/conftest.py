@@ -1,0 +1,23 @@
+"""Generic fixtures shared by the unit tests."""
+import matplotlib
+
+matplotlib.use("Agg")  # no display in tests; must run before pyplot is imported
+
+import pytest
+
+
+@pytest.fixture
+def close_figures():
+    """Close every matplotlib figure a test opened."""
+    import matplotlib.pyplot as plt
+
+    yield
+    plt.close("all")
+
+
+@pytest.fixture
+def course_env(monkeypatch):
+    """Clear the COURSE_* settings so a test starts from the defaults."""
+    for name in ("COURSE_QUICK", "COURSE_DEVICE", "COURSE_DATA_DIR", "COURSE_DATASET", "COURSE_DOWNLOAD"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch

@@ -1,0 +1,302 @@
+import pickle
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from utils import data
+
+
+# --- offline sets ------------------------------------------------------------------------
+
+def test_synthetic_sizes_and_types():
+    d = data.synthetic(train_size=120, test_size=30, d_in=20, n_classes=4, seed=1)
+    assert d.x_train.shape == (120, 20) and d.x_test.shape == (30, 20)
+    assert d.y_train.shape == (120,) and d.y_test.shape == (30,)
+    assert d.x_train.dtype == torch.float32 and d.y_train.dtype == torch.int64
+    assert d.n_classes == 4 and d.input_shape == (20,) and d.n_features == 20
+    assert set(d.y_train.tolist()) <= set(range(4)) and set(d.y_test.tolist()) <= set(range(4))
+    assert "120 train / 30 test" in repr(d)
+
+
+def test_synthetic_held_out_split_is_disjoint():
+    d = data.synthetic(train_size=200, test_size=60, d_in=20, n_classes=4, seed=0)
+    # No test row equals (or nearly equals) any train row.
+    distances = torch.cdist(d.x_test, d.x_train)
+    assert distances.min() > 1e-3
+
+
+def test_synthetic_matches_make_classification_of_the_seed():
+    from sklearn.datasets import make_classification
+
+    d = data.synthetic(train_size=100, test_size=40, d_in=24, n_classes=3, seed=7)
+    x, y = make_classification(n_samples=140, n_features=24, n_informative=12, n_classes=3,
+                               n_clusters_per_class=10, random_state=7)
+    assert torch.equal(d.x_train, torch.from_numpy(x[:100].astype(np.float32)))
+    assert torch.equal(d.x_test, torch.from_numpy(x[100:].astype(np.float32)))
+    assert torch.equal(d.y_train, torch.from_numpy(y[:100]))
+    assert torch.equal(d.y_test, torch.from_numpy(y[100:]))
+
+
+def test_synthetic_is_deterministic_per_seed():
+    a = data.synthetic(train_size=50, test_size=10, d_in=20, n_classes=4, seed=3)
+    b = data.synthetic(train_size=50, test_size=10, d_in=20, n_classes=4, seed=3)
+    c = data.synthetic(train_size=50, test_size=10, d_in=20, n_classes=4, seed=4)
+    assert torch.equal(a.x_train, b.x_train) and torch.equal(a.y_test, b.y_test)
+    assert not torch.equal(a.x_train, c.x_train)
+
+
+@pytest.mark.parametrize("sizes", [(0, 10), (10, 0)])
+def test_synthetic_rejects_empty_splits(sizes):
+    with pytest.raises(ValueError, match="must be >= 1"):
+        data.synthetic(*sizes, d_in=20, n_classes=4)
+
+
+@pytest.fixture(scope="module")
+def mnist1d_small():
+    return data.mnist1d(num_samples=500, seed=42)
+
+
+def test_mnist1d_shapes_and_classes(mnist1d_small):
+    d = mnist1d_small
+    assert d.x_train.shape == (400, 40) and d.x_test.shape == (100, 40)
+    assert d.y_train.shape == (400,) and d.y_test.shape == (100,)
+    assert d.x_train.dtype == torch.float32 and d.y_train.dtype == torch.int64
+    assert d.n_classes == 10
+    assert set(d.y_train.tolist()) == set(range(10))
+    assert torch.isfinite(d.x_train).all()
+    assert torch.cdist(d.x_test, d.x_train).min() > 1e-4
+
+
+def test_digits():
+    d = data.digits(test_fraction=0.2, seed=0)
+    assert d.x_train.shape == (1437, 1, 8, 8) and d.x_test.shape == (360, 1, 8, 8)
+    assert d.input_shape == (1, 8, 8) and d.n_features == 64 and d.n_classes == 10
+    assert d.x_train.min() >= 0 and d.x_train.max() == 1
+    assert set(d.y_test.tolist()) == set(range(10))  # stratified
+    from sklearn.datasets import load_digits
+
+    raw = load_digits()
+    # Every sample is one of the bundled images, scaled by 1/16, with its own label.
+    all_x = torch.cat([d.x_train, d.x_test]).flatten(1)
+    all_y = torch.cat([d.y_train, d.y_test])
+    reference = torch.from_numpy(raw.data.astype(np.float32) / 16)
+    match = torch.cdist(all_x, reference).argmin(dim=1)
+    assert torch.allclose(all_x, reference[match])
+    assert torch.equal(all_y, torch.from_numpy(raw.target)[match])
+    assert len(set(match.tolist())) == 1797
+
+
+# --- load() --------------------------------------------------------------------------------
+
+def test_load_synthetic_by_name_with_sizes():
+    d = data.load("Synthetic", train_size=64, test_size=16, d_in=20, n_classes=4)
+    assert d.name == "synthetic" and len(d.x_train) == 64 and len(d.x_test) == 16
+
+
+def test_load_subsamples_first_samples():
+    full = data.digits()
+    d = data.load("digits", train_size=100, test_size=20)
+    assert torch.equal(d.x_train, full.x_train[:100]) and torch.equal(d.y_test, full.y_test[:20])
+
+
+def test_load_default_comes_from_env(course_env):
+    course_env.setenv("COURSE_DATASET", "digits")
+    assert data.load(train_size=10).name == "digits"
+
+
+def test_load_mnist1d_options_pass_through():
+    d = data.load("mnist1d", train_size=40, num_samples=500)
+    assert d.x_train.shape == (40, 40) and len(d.x_test) == 100
+
+
+def test_load_unknown_name_lists_choices():
+    with pytest.raises(ValueError) as info:
+        data.load("imagenet")
+    message = str(info.value)
+    assert "'imagenet'" in message
+    for name in data.DATASETS:
+        assert name in message
+
+
+@pytest.mark.parametrize("sizes", [dict(train_size=2000), dict(test_size=361)])
+def test_load_size_larger_than_available(sizes):
+    with pytest.raises(ValueError) as info:
+        data.load("digits", **sizes)
+    label, size = next(iter(sizes.items()))
+    available = 1437 if label == "train_size" else 360
+    assert f"{label}={size}" in str(info.value)
+    assert f"between 1 and {available}" in str(info.value)
+
+
+# --- torchvision on-disk formats ------------------------------------------------------------
+
+def write_idx_images(path, images):
+    images = np.asarray(images, dtype=np.uint8)
+    n, rows, cols = images.shape
+    path.write_bytes(struct.pack(">iiii", 2051, n, rows, cols) + images.tobytes())
+
+
+def write_idx_labels(path, labels):
+    labels = np.asarray(labels, dtype=np.uint8)
+    path.write_bytes(struct.pack(">ii", 2049, len(labels)) + labels.tobytes())
+
+
+def make_idx_set(root, folder, n_train=30, n_test=12, seed=0):
+    rng = np.random.default_rng(seed)
+    raw = root / folder
+    raw.mkdir(parents=True)
+    written = {}
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        labels = rng.integers(0, 10, size=n, dtype=np.uint8)
+        write_idx_images(raw / f"{prefix}-images-idx3-ubyte", images)
+        write_idx_labels(raw / f"{prefix}-labels-idx1-ubyte", labels)
+        written[prefix] = (images, labels)
+    return written
+
+
+def make_cifar_set(root, per_batch=6, n_test=8, seed=0):
+    rng = np.random.default_rng(seed)
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    written = {}
+    for name, n in [(f"data_batch_{i}", per_batch) for i in range(1, 6)] + [("test_batch", n_test)]:
+        batch = {"data": rng.integers(0, 256, size=(n, 3072), dtype=np.uint8),
+                 "labels": rng.integers(0, 10, size=n).tolist(),
+                 "batch_label": name}
+        with open(folder / name, "wb") as f:
+            pickle.dump(batch, f)
+        written[name] = batch
+    return written
+
+
+def assert_standardised_monotone(standardised, raw_uint8):
+    """Per channel, standardised values are an increasing affine map of the raw pixels."""
+    raw = torch.from_numpy(np.asarray(raw_uint8)).double()
+    for c in range(standardised.shape[1]):
+        s, r = standardised[:, c].flatten().double(), raw[:, c].flatten()
+        assert not torch.equal(s, r)
+        slope = (s.max() - s.min()) / (r.max() - r.min())
+        assert slope > 0
+        assert torch.allclose(s, s.min() + slope * (r - r.min()), atol=1e-4)
+
+
+@pytest.mark.parametrize("name, folder", [("mnist", "MNIST/raw"), ("fashion-mnist", "FashionMNIST/raw")])
+def test_idx_datasets_read_from_disk(tmp_path, name, folder):
+    written = make_idx_set(tmp_path, folder)
+    d = data.torchvision_dataset(name, root=tmp_path, download=False)
+    assert d.name == name and d.n_classes == 10
+    assert d.x_train.shape == (30, 1, 28, 28) and d.x_test.shape == (12, 1, 28, 28)
+    assert d.x_train.dtype == torch.float32
+    assert torch.equal(d.y_train, torch.from_numpy(written["train"][1]).long())
+    assert torch.equal(d.y_test, torch.from_numpy(written["t10k"][1]).long())
+    assert d.y_train.dtype == torch.int64
+    assert_standardised_monotone(d.x_train, written["train"][0][:, None])
+    assert abs(d.x_train.mean().item()) < 1e-4
+    assert d.x_train.std().item() == pytest.approx(1.0, abs=1e-4)
+    # The test split uses the training set's statistics: same affine map.
+    raw_train = torch.from_numpy(written["train"][0]).float() / 255
+    mean, std = raw_train.mean(), raw_train.std()
+    expected_test = (torch.from_numpy(written["t10k"][0]).float()[:, None] / 255 - mean) / std
+    assert torch.allclose(d.x_test, expected_test, atol=1e-4)
+
+
+def test_cifar10_read_from_disk(tmp_path):
+    written = make_cifar_set(tmp_path)
+    d = data.torchvision_dataset("cifar10", root=tmp_path, download=False)
+    assert d.x_train.shape == (30, 3, 32, 32) and d.x_test.shape == (8, 3, 32, 32)
+    train_labels = sum((written[f"data_batch_{i}"]["labels"] for i in range(1, 6)), [])
+    assert d.y_train.tolist() == train_labels
+    assert d.y_test.tolist() == written["test_batch"]["labels"]
+    assert d.y_train.dtype == torch.int64
+    raw = np.concatenate([written[f"data_batch_{i}"]["data"] for i in range(1, 6)]).reshape(-1, 3, 32, 32)
+    assert_standardised_monotone(d.x_train, raw)
+    # Per-channel standardisation of the training set.
+    assert torch.allclose(d.x_train.mean(dim=(0, 2, 3)), torch.zeros(3), atol=1e-4)
+    assert torch.allclose(d.x_train.std(dim=(0, 2, 3)), torch.ones(3), atol=1e-4)
+    raw_test = written["test_batch"]["data"].reshape(-1, 3, 32, 32)
+    assert_standardised_monotone(d.x_test, raw_test)
+
+
+def test_cifar10_channels_standardised_separately(tmp_path):
+    make_cifar_set(tmp_path)
+    folder = tmp_path / "cifar-10-batches-py"
+    # Make the red channel bright everywhere: per-channel means must absorb it.
+    for name in [f"data_batch_{i}" for i in range(1, 6)]:
+        with open(folder / name, "rb") as f:
+            batch = pickle.load(f)
+        batch["data"][:, :1024] = batch["data"][:, :1024] // 4 + 190
+        with open(folder / name, "wb") as f:
+            pickle.dump(batch, f)
+    d = data.torchvision_dataset("cifar10", root=tmp_path, download=False)
+    assert torch.allclose(d.x_train.mean(dim=(0, 2, 3)), torch.zeros(3), atol=1e-4)
+    assert torch.allclose(d.x_train.std(dim=(0, 2, 3)), torch.ones(3), atol=1e-4)
+
+
+def test_root_defaults_to_course_data_dir(course_env, tmp_path):
+    make_idx_set(tmp_path, "MNIST/raw")
+    course_env.setenv("COURSE_DATA_DIR", str(tmp_path))
+    course_env.setenv("COURSE_DOWNLOAD", "0")
+    assert data.load("mnist").x_train.shape == (30, 1, 28, 28)
+
+
+@pytest.mark.parametrize("name, folder, files", [
+    ("mnist", "MNIST/raw", ["train-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]),
+    ("fashion-mnist", "FashionMNIST/raw", ["train-labels-idx1-ubyte"]),
+    ("cifar10", "cifar-10-batches-py", ["data_batch_1", "data_batch_5", "test_batch"]),
+])
+def test_missing_files_without_download(tmp_path, name, folder, files):
+    with pytest.raises(data.DatasetNotFound) as info:
+        data.torchvision_dataset(name, root=tmp_path, download=False)
+    message = str(info.value)
+    assert str(tmp_path / folder) in message
+    for f in files:
+        assert f in message
+    assert "COURSE_DOWNLOAD" in message and "COURSE_DATA_DIR" in message
+    assert "copy torchvision's files" in message
+    assert isinstance(info.value, FileNotFoundError)
+
+
+def test_partly_missing_names_only_the_missing_file(tmp_path):
+    make_idx_set(tmp_path, "MNIST/raw")
+    (tmp_path / "MNIST/raw/t10k-labels-idx1-ubyte").unlink()
+    with pytest.raises(data.DatasetNotFound) as info:
+        data.torchvision_dataset("mnist", root=tmp_path, download=False)
+    message = str(info.value)
+    assert "1 file(s) missing" in message and "t10k-labels-idx1-ubyte" in message
+    assert "train-images-idx3-ubyte" not in message
+
+
+def test_download_setting_from_env(course_env, tmp_path):
+    course_env.setenv("COURSE_DOWNLOAD", "0")
+    with pytest.raises(data.DatasetNotFound, match="downloading is switched off"):
+        data.torchvision_dataset("cifar10", root=tmp_path)
+
+
+def _online(host="fashion-mnist.s3-website.eu-central-1.amazonaws.com"):
+    import socket
+
+    try:
+        socket.getaddrinfo(host, 80)
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_download_offline_fails_with_dataset_not_found(tmp_path):
+    # Offline, the download must fail fast (no hang) and say what to do.
+    if _online():
+        pytest.skip("this machine has network access; the test needs an offline one")
+    with pytest.raises(data.DatasetNotFound) as info:
+        data.torchvision_dataset("fashion-mnist", root=tmp_path, download=True)
+    message = str(info.value)
+    assert "downloading failed" in message
+    assert str(tmp_path / "FashionMNIST/raw") in message
+
+
+def test_unknown_image_dataset():
+    with pytest.raises(ValueError, match="mnist, fashion-mnist, cifar10"):
+        data.torchvision_dataset("svhn", download=False)

@@ -1,0 +1,53 @@
+"""Every notebook runs headless in quick mode, is committed clean and follows the lab skeleton."""
+from __future__ import annotations
+
+import re
+
+import nbformat
+import pytest
+
+from notebook_runner import ROOT, exercise_cells, run_notebook
+
+NOTEBOOKS = sorted((ROOT / "labs").glob("*.ipynb")) + sorted((ROOT / "assessment").glob("*.ipynb"))
+LABS = sorted((ROOT / "labs").glob("*.ipynb"))
+ids = [p.name for p in NOTEBOOKS]
+
+
+def test_labs_are_present_and_numbered():
+    assert LABS, "no notebook in labs/"
+    for path in LABS:
+        assert re.fullmatch(r"\d\d_[a-z0-9_]+\.ipynb", path.name), f"{path.name}: name labs NN_topic.ipynb"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_committed_without_outputs(path):
+    nb = nbformat.read(path, as_version=4)
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            assert not cell.outputs, f"{path.name} cell {index} carries outputs: clear them before committing"
+            assert cell.execution_count is None, f"{path.name} cell {index} has an execution count"
+
+
+@pytest.mark.parametrize("path", LABS, ids=[p.name for p in LABS])
+def test_lab_follows_the_skeleton(path):
+    nb = nbformat.read(path, as_version=4)
+    headings = [line.lstrip("#").strip().lower() for cell in nb.cells if cell.cell_type == "markdown"
+                for line in cell.source.splitlines() if line.startswith("#")]
+    assert headings and re.match(r"lab \d\d", headings[0]), f"{path.name}: first heading should be '# Lab NN: ...'"
+    for wanted in ("objectives", "setup", "summary", "further"):
+        assert any(h.startswith(wanted) for h in headings), f"{path.name}: no '## {wanted.title()}...' heading"
+    assert any("reading" in h for h in headings if h.startswith("further")), \
+        f"{path.name}: the 'Further ...' heading should cover further reading"
+    assert exercise_cells(nb), f"{path.name}: a lab needs at least one exercise"
+    for exercise, check in exercise_cells(nb):
+        assert check is not None and "check_" in nb.cells[check].source, \
+            f"{path.name}: exercise cell {exercise} must be followed by its check cell"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_runs_in_quick_mode_and_passes_every_check(path, tmp_path):
+    result, nb = run_notebook(path, tmp_path)
+    assert result.returncode == 0, f"{path.name} failed in quick mode:\n{result.stderr}\n{result.stdout}"
+    for _, check in exercise_cells(nb):
+        printed = "".join(o.get("text", "") for o in nb.cells[check].outputs if o.output_type == "stream")
+        assert "passed" in printed, f"{path.name}: check cell {check} did not report a pass:\n{printed}"

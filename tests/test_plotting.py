@@ -1,0 +1,84 @@
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+from utils.plotting import plot_against_batch_size, plot_losses, plot_throughput
+from utils.train import History
+
+pytestmark = pytest.mark.usefixtures("close_figures")
+
+
+def history(scale=1.0):
+    return History(logged_step=[0, 10, 20], train_loss=[2.0 * scale, 1.0 * scale, 0.5 * scale],
+                   test_loss=[2.1 * scale, 1.2 * scale, 0.7 * scale], test_accuracy=[0.1, 0.5, 0.8],
+                   samples_seen=[8, 88, 168], step_time_ms=[1.0] * 21, batch_size=8)
+
+
+def lines_by_label(ax):
+    return {line.get_label(): line for line in ax.get_lines()}
+
+
+def test_plot_losses_single_history():
+    h = history()
+    fig = plot_losses(h)
+    assert isinstance(fig, Figure)
+    ax, = fig.axes
+    assert ax.get_xlabel() == "step" and ax.get_ylabel() == "cross-entropy loss" and ax.get_title() == "Loss"
+    lines = lines_by_label(ax)
+    assert set(lines) == {"test", "train"}
+    assert list(lines["test"].get_xdata()) == h.logged_step
+    assert list(lines["test"].get_ydata()) == h.test_loss
+    assert list(lines["train"].get_ydata()) == h.train_loss
+    assert lines["train"].get_linestyle() == "--" and lines["test"].get_linestyle() == "-"
+    assert lines["train"].get_color() == lines["test"].get_color()
+    assert ax.get_legend() is not None
+
+
+def test_plot_losses_dict_against_samples_and_given_axes():
+    import matplotlib.pyplot as plt
+
+    fig0, ax0 = plt.subplots()
+    runs = {"B=8": history(), "B=64": history(0.5)}
+    fig = plot_losses(runs, x="samples_seen", ax=ax0, title="Two runs")
+    assert fig is fig0 and ax0.get_title() == "Two runs"
+    assert ax0.get_xlabel() == "training samples seen"
+    lines = lines_by_label(ax0)
+    assert set(lines) == {"B=8 test", "B=8 train", "B=64 test", "B=64 train"}
+    assert list(lines["B=64 train"].get_xdata()) == runs["B=64"].samples_seen
+    assert list(lines["B=64 train"].get_ydata()) == runs["B=64"].train_loss
+    assert lines["B=8 test"].get_color() != lines["B=64 test"].get_color()
+
+
+def test_plot_throughput():
+    sizes, values = [1, 2, 4, 8], [10.0, 19.0, 35.0, 60.0]
+    fig = plot_throughput(sizes, {"cpu": values, "cuda": [v * 10 for v in values]})
+    assert isinstance(fig, Figure)
+    ax, = fig.axes
+    assert ax.get_xlabel() == "batch size" and ax.get_ylabel() == "throughput (samples/s)"
+    assert ax.get_title() == "Throughput against batch size"
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    lines = lines_by_label(ax)
+    assert list(lines["cpu"].get_xdata()) == sizes and list(lines["cpu"].get_ydata()) == values
+    assert list(lines["cuda"].get_ydata()) == [v * 10 for v in values]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["cpu", "cuda"]
+
+
+def test_plot_throughput_plain_list():
+    fig = plot_throughput([16, 32], [100.0, 150.0], title="T")
+    ax, = fig.axes
+    line, = ax.get_lines()
+    assert list(line.get_xdata()) == [16, 32] and list(line.get_ydata()) == [100.0, 150.0]
+    assert ax.get_title() == "T" and ax.get_legend() is None
+
+
+@pytest.mark.parametrize("logy", [False, True])
+def test_plot_against_batch_size(logy):
+    sizes, values = np.array([8, 16, 32]), [0.9, 0.7, 0.65]
+    fig = plot_against_batch_size(sizes, values, "final test loss", logy=logy)
+    assert isinstance(fig, Figure)
+    ax, = fig.axes
+    assert ax.get_xlabel() == "batch size" and ax.get_ylabel() == "final test loss"
+    assert ax.get_title() == "final test loss against batch size"
+    assert ax.get_xscale() == "log" and ax.get_yscale() == ("log" if logy else "linear")
+    line, = ax.get_lines()
+    assert list(line.get_xdata()) == list(sizes) and list(line.get_ydata()) == values

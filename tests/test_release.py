@@ -1,0 +1,113 @@
+"""The learner edition: solutions stubbed, hidden tests gone, every check failing helpfully."""
+from __future__ import annotations
+
+import nbformat
+import pytest
+
+from notebook_runner import ROOT, exercise_cells, run_notebook
+from utils import release
+
+NOTEBOOKS = release.source_notebooks()
+ids = [p.name for p in NOTEBOOKS]
+
+
+def test_solution_becomes_stub_with_hint_and_indentation():
+    source = ("def f(x):\n    # Hint: square it\n    ### BEGIN SOLUTION\n    y = x * x\n    return y\n"
+              "    ### END SOLUTION\n\nprint(f)")
+    learner = release.learner_source(source)
+    assert learner == ("def f(x):\n    # Hint: square it\n    raise NotImplementedError('Hint: square it')\n"
+                       "\nprint(f)")
+
+
+def test_stub_without_hint_and_hidden_tests_vanish():
+    source = ("### BEGIN SOLUTION\nanswer = 42\n### END SOLUTION\nassert answer\n"
+              "### BEGIN HIDDEN TESTS\nassert answer == 42\n### END HIDDEN TESTS\n")
+    learner = release.learner_source(source)
+    assert "42" not in learner and "HIDDEN" not in learner
+    assert "raise NotImplementedError('write your solution here')" in learner
+    assert "assert answer" in learner
+
+
+def test_markdown_solution_becomes_placeholder():
+    learner = release.learner_source("Why?\n### BEGIN SOLUTION\nBecause.\n### END SOLUTION", "markdown")
+    assert learner == "Why?\nYOUR ANSWER HERE"
+
+
+@pytest.mark.parametrize("source", ["### BEGIN SOLUTION\nx = 1\n", "x = 1\n### END SOLUTION\n",
+                                    "### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION\n"])
+def test_unbalanced_markers_are_an_error(source):
+    with pytest.raises(release.ReleaseError, match="line"):
+        release.learner_source(source)
+
+
+def _blocks(source: str) -> tuple[list[str], list[str]]:
+    """(lines inside solution/hidden blocks, lines outside them)."""
+    inside, outside, depth = [], [], False
+    for line in source.split("\n"):
+        if line.strip().startswith(("### BEGIN SOLUTION", "### BEGIN HIDDEN TESTS")):
+            depth = True
+        elif line.strip().startswith(("### END SOLUTION", "### END HIDDEN TESTS")):
+            depth = False
+        else:
+            (inside if depth else outside).append(line)
+    return inside, outside
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_no_solution_line_survives(path, tmp_path):
+    release.write_release(tmp_path / "release")
+    learner = nbformat.read(tmp_path / "release" / path.relative_to(ROOT), as_version=4)
+    instructor = nbformat.read(path, as_version=4)
+    assert len(learner.cells) == len(instructor.cells)
+    for index, (mine, theirs) in enumerate(zip(instructor.cells, learner.cells)):
+        assert "### BEGIN" not in theirs.source and "### END" not in theirs.source
+        inside, outside = _blocks(mine.source)
+        kept = set(theirs.source.split("\n"))
+        leaked = [line for line in inside if line.strip() and line in kept and line not in outside]
+        assert not leaked, f"{path.name} cell {index}: solution lines survive in the learner edition: {leaked}"
+        if theirs.cell_type == "code":
+            assert theirs.outputs == [] and theirs.execution_count is None
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.parent.name == "labs"], ids=lambda p: p.name)
+def test_learner_edition_stops_at_first_exercise_and_every_check_fails_helpfully(path, tmp_path):
+    learner_path = tmp_path / "learner" / path.name
+    learner_path.parent.mkdir()
+    nbformat.write(release.learner_notebook(nbformat.read(path, as_version=4)), learner_path)
+    result, nb = run_notebook(learner_path, tmp_path / "out", allow_errors=True)
+    assert nb is not None, result.stderr
+    pairs = exercise_cells(nbformat.read(path, as_version=4))
+    errors = [(i, o) for i, c in enumerate(nb.cells) if c.cell_type == "code"
+              for o in c.outputs if o.output_type == "error"]
+    assert errors, f"{path.name}: the learner edition ran without a single failing check"
+    first_cell, first_error = errors[0]
+    assert first_cell == pairs[0][1], (f"{path.name}: the learner edition first fails in cell {first_cell} "
+                                       f"({first_error.ename}: {first_error.evalue}), not at the first check "
+                                       f"(cell {pairs[0][1]})")
+    for exercise, check in pairs:
+        outputs = [o for o in nb.cells[check].outputs if o.output_type == "error"]
+        assert outputs, f"{path.name}: the check in cell {check} passed although exercise {exercise} is a stub"
+        assert outputs[0].ename == "NotSolved", f"{path.name} cell {check}: {outputs[0].ename}: {outputs[0].evalue}"
+        assert "not solved yet" in outputs[0].evalue and "Hint:" in outputs[0].evalue
+        # The learner sees the message, not a traceback from inside the course library.
+        assert not any("site-packages" in line or "utils/checks" in line for line in outputs[0].traceback)
+
+
+def test_workspace_is_filled_once_and_never_overwritten(tmp_path):
+    added, kept = release.fill_workspace(tmp_path)
+    assert {p.relative_to(tmp_path) for p in added} == {p.relative_to(ROOT) for p in NOTEBOOKS}
+    assert not kept
+    mine = added[0]
+    mine.write_text("my own work")
+    other = added[-1]
+    other.unlink()
+    added_again, kept_again = release.fill_workspace(tmp_path)
+    assert mine.read_text() == "my own work"
+    assert added_again == [other] and mine in kept_again
+
+
+def test_release_cli_writes_learner_edition(tmp_path):
+    release.main(["--out", str(tmp_path / "release")])
+    for path in NOTEBOOKS:
+        text = (tmp_path / "release" / path.relative_to(ROOT)).read_text()
+        assert "BEGIN SOLUTION" not in text
