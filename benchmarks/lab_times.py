@@ -1,0 +1,105 @@
+"""Measure how long each lab takes in quick and full mode, and write the README's course map.
+
+    .venv/bin/python benchmarks/lab_times.py                 # every lab, both modes
+    .venv/bin/python benchmarks/lab_times.py --modes quick   # quick mode only
+
+Each notebook runs headless in a fresh process (python -m utils.course). The minutes go to
+benchmarks/results/lab_times.json with the machine's description, and the table between the
+course-map markers in README.md is rewritten from that file (tests check they agree).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "lab_times.json"
+README = ROOT / "README.md"
+BEGIN, END = "<!-- course-map:begin -->", "<!-- course-map:end -->"
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import torch
+
+    gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
+    return f"{cpu}, {os.cpu_count()} logical cores{gpu}, {platform.system()}, torch {torch.__version__}"
+
+
+def time_notebook(path: Path, quick: bool) -> float:
+    with tempfile.TemporaryDirectory() as out:
+        command = [sys.executable, "-m", "utils.course", "--no-html", "--out", out, str(path)]
+        env = dict(os.environ, COURSE_QUICK="1" if quick else "0")
+        start = time.perf_counter()
+        result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+    if result.returncode != 0:
+        raise SystemExit(f"{path.name} failed in {'quick' if quick else 'full'} mode:\n{result.stderr}")
+    return seconds
+
+
+def course_map_table(results: dict) -> str:
+    lines = ["| Lab | Topic | Based on | Quick mode (min) | Full mode (min) |",
+             "| --- | --- | --- | ---: | ---: |"]
+    for lab in results["labs"]:
+        minutes = lambda mode: f"{lab[mode] / 60:.1f}" if lab.get(mode) is not None else "not measured"
+        lines.append(f"| [{lab['notebook']}](labs/{lab['notebook']}) | {lab['topic']} | {lab['based_on']} "
+                     f"| {minutes('quick_s')} | {minutes('full_s')} |")
+    lines.append("")
+    lines.append(f"Measured on {results['machine']} ({results['date']}) by `benchmarks/lab_times.py`.")
+    return "\n".join(lines)
+
+
+def write_readme_table(results: dict) -> None:
+    text = README.read_text()
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    README.write_text(f"{head}{BEGIN}\n{course_map_table(results)}\n{END}{tail}")
+
+
+def lab_facts(path: Path) -> dict:
+    """Topic and sources from the notebook's metadata (``course`` key)."""
+    import nbformat
+
+    meta = nbformat.read(path, as_version=4).metadata.get("course", {})
+    return {"notebook": path.name, "topic": meta.get("topic", ""), "based_on": meta.get("based_on", "")}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--modes", nargs="+", choices=["quick", "full"], default=["quick", "full"])
+    parser.add_argument("--readme-only", action="store_true", help="rewrite the README table from the JSON file")
+    args = parser.parse_args(argv)
+    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"labs": []}
+    if not args.readme_only:
+        old = {lab["notebook"]: lab for lab in previous["labs"]}
+        labs = []
+        for path in sorted((ROOT / "labs").glob("*.ipynb")):
+            lab = {**old.get(path.name, {}), **lab_facts(path)}
+            for mode in args.modes:
+                lab[f"{mode}_s"] = round(time_notebook(path, quick=(mode == "quick")), 1)
+                print(f"{path.name}: {mode} mode {lab[f'{mode}_s']:.1f} s", flush=True)
+            labs.append(lab)
+        previous = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "labs": labs}
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(previous, indent=2) + "\n")
+    write_readme_table(previous)
+    print(course_map_table(previous))
+
+
+if __name__ == "__main__":
+    main()
