@@ -20,9 +20,29 @@ import nbformat
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
-def execute(path: Path, *, quick: bool | None = None, cell_timeout: int = 900, allow_errors: bool = False,
-            kernel_name: str = "python3") -> nbformat.NotebookNode:
-    """Run every cell of ``path`` and return the executed notebook (errors stay in its outputs)."""
+def _project_kernel_manager():
+    """A kernel manager that always starts this interpreter's kernel.
+
+    A kernelspec named ``python3`` in the user's Jupyter folders would otherwise win over
+    the course's environment and run the labs with another Python and other packages.
+    """
+    from ipykernel.kernelspec import RESOURCES, get_kernel_dict
+    from jupyter_client import KernelManager
+    from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+
+    class ProjectKernelSpecs(KernelSpecManager):
+        def get_kernel_spec(self, kernel_name):
+            return KernelSpec(resource_dir=RESOURCES, **get_kernel_dict())
+
+    return KernelManager(kernel_name="python3", kernel_spec_manager=ProjectKernelSpecs())
+
+
+def execute(path: Path, *, quick: bool | None = None, cell_timeout: int = 900,
+            allow_errors: bool = False) -> nbformat.NotebookNode:
+    """Run every cell of ``path`` in this interpreter's kernel; return the executed notebook.
+
+    Errors stay in the failing cell's outputs (see ``failure_report``).
+    """
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
@@ -31,7 +51,7 @@ def execute(path: Path, *, quick: bool | None = None, cell_timeout: int = 900, a
         # The kernel inherits this process's environment.
         os.environ["COURSE_QUICK"] = "1" if quick else "0"
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=cell_timeout, kernel_name=kernel_name, allow_errors=allow_errors,
+    client = NotebookClient(nb, km=_project_kernel_manager(), timeout=cell_timeout, allow_errors=allow_errors,
                             resources={"metadata": {"path": str(path.parent.resolve())}})
     try:
         client.execute()

@@ -38,7 +38,9 @@ def _count_host_reads():
             caller = sys._getframe(1).f_code.co_filename
             if not caller.startswith(_TORCH_DIR):
                 counts[name] = counts.get(name, 0) + 1
-            return original(self, *args, **kwargs)
+            with warnings.catch_warnings():  # torch's warnings would point at this file, not the learner's
+                warnings.simplefilter("ignore")
+                return original(self, *args, **kwargs)
         return wrapper
 
     try:
@@ -63,7 +65,9 @@ def _sync_debug_mode(mode: str):
     try:
         yield
     finally:
-        torch.cuda.set_sync_debug_mode(previous)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*[Ss]ynchronization debug mode.*")
+            torch.cuda.set_sync_debug_mode(previous)
 
 
 def _reference_losses(model, batches, lr: float, zero_grad: bool = True) -> list[float]:
@@ -105,6 +109,7 @@ def check_train_steps(train_steps) -> None:
         with _count_host_reads() as reads:
             result = train_steps(learner_model, optimizer, batches)
 
+        expect(result is not None, "train_steps returned None: end it with return torch.stack(losses)")
         if isinstance(result, (list, tuple)):
             if result and all(isinstance(v, numbers.Number) for v in result):
                 expect(False, f"train_steps returned a {type(result).__name__} of Python numbers: you called "
@@ -202,6 +207,7 @@ def _check_sleep(time_ms, device: torch.device) -> None:
         time.sleep(sleep_ms / 1e3)
 
     result = time_ms(sleepy, device, repeats)
+    expect(result is not None, "time_ms returned None: return the mean time of one call, in milliseconds")
     expect(isinstance(result, numbers.Real) and not isinstance(result, bool),
            f"time_ms should return a Python float (milliseconds), got {type(result).__name__}"
            + (": convert it with float(...)" if isinstance(result, torch.Tensor) else ""))
