@@ -98,7 +98,8 @@ def test_load_synthetic_by_name_with_sizes():
 def test_load_subsamples_first_samples():
     full = data.digits()
     d = data.load("digits", train_size=100, test_size=20)
-    assert torch.equal(d.x_train, full.x_train[:100]) and torch.equal(d.y_test, full.y_test[:20])
+    assert torch.equal(d.x_train, full.x_train[:100]) and torch.equal(d.y_train, full.y_train[:100])
+    assert torch.equal(d.x_test, full.x_test[:20]) and torch.equal(d.y_test, full.y_test[:20])
 
 
 def test_load_default_comes_from_env(course_env):
@@ -256,6 +257,7 @@ def test_missing_files_without_download(tmp_path, name, folder, files):
         assert f in message
     assert "COURSE_DOWNLOAD" in message and "COURSE_DATA_DIR" in message
     assert "copy torchvision's files" in message
+    assert "downloading is switched off (download=False or COURSE_DOWNLOAD=0)." in message
     assert isinstance(info.value, FileNotFoundError)
 
 
@@ -293,7 +295,7 @@ def test_download_offline_fails_with_dataset_not_found(tmp_path):
     with pytest.raises(data.DatasetNotFound) as info:
         data.torchvision_dataset("fashion-mnist", root=tmp_path, download=True)
     message = str(info.value)
-    assert "downloading failed" in message
+    assert "downloading failed" in message and "urlopen error" in message  # the real cause
     assert str(tmp_path / "FashionMNIST/raw") in message
 
 

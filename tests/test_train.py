@@ -60,6 +60,7 @@ def test_other_settings(kwargs, pattern):
         check_training_config(**settings)
 
 
+@pytest.mark.timeout(30)  # without the check, batch_indices would loop for ever
 def test_train_checks_config_first():
     with pytest.raises(ValueError, match="larger than the training set"):
         train(MLP(1, 6, 4, 3), separable(n_train=10), batch_size=11, n_steps=1, progress=False)
@@ -252,6 +253,7 @@ def test_time_steps_positive_float():
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # it did train
 
 
+@pytest.mark.timeout(30)
 def test_time_steps_checks_config():
     with pytest.raises(ValueError, match="larger than the training set"):
         time_steps(MLP(1, 6, 4, 3), torch.randn(4, 6), torch.zeros(4, dtype=torch.long), batch_size=8)

@@ -156,13 +156,13 @@ def torchvision_dataset(name: str, root: Path | str | None = None, download: boo
         else:
             reason = ""
     else:
-        reason = "downloading is switched off (COURSE_DOWNLOAD=0)" if not download else ""
+        reason = "downloading is switched off (download=False or COURSE_DOWNLOAD=0)" if not download else ""
     missing = _missing_files(name, root)
     if missing:
         folder = root / _FILES[name][0]
         raise DatasetNotFound(
-            f"{name}: {len(missing)} file(s) missing in {folder}: {', '.join(p.name for p in missing)}; "
-            f"{reason}. Run once on a machine with network access (COURSE_DOWNLOAD=1, the default), "
+            f"{name}: {len(missing)} file(s) missing in {folder}: {', '.join(p.name for p in missing)}"
+            f"{'; ' + reason if reason else ''}. Run once on a machine with network access (COURSE_DOWNLOAD=1, the default), "
             f"or copy torchvision's files for {name} into {folder}, or point COURSE_DATA_DIR at a "
             f"folder that has them, or use an offline dataset: {', '.join(OFFLINE_DATASETS)}.")
     folder = root / _FILES[name][0]

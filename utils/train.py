@@ -1,7 +1,7 @@
 """The course's training loop: mini-batch SGD with per-step timing and held-out evaluation.
 
 Taught step by step in labs/01_mlp_cpu.ipynb; later labs reuse it. The log line is the
-seed exercise's: ``step N | train_loss x | test_loss y | step time z ms``.
+seed exercise's: ``step N | train_loss x | test_loss y | step time z.zzms``.
 """
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ def check_training_config(n_train: int, batch_size: int, lr: float, n_steps: int
 
 def batch_indices(n: int, batch_size: int, seed: int = 0, shuffle: bool = True):
     """Endless mini-batch indices: a new permutation each epoch, the last partial batch dropped."""
+    if not 1 <= batch_size <= n:
+        raise ValueError(f"batch_size must be between 1 and the number of samples ({n}), got {batch_size}")
     generator = torch.Generator().manual_seed(seed)
     while True:
         order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
