@@ -15,7 +15,7 @@ the FLOP-bound time (FLOPs / ``utils.perf.matmul_peak_gflops()`` measured in thi
 target <= 2).
 
     .venv/bin/python benchmarks/bench_training_loop.py [--steps N] [--repeats R]
-        [--warmup W] [--threads T] [--device cpu|cuda] [--json PATH]
+        [--warmup W] [--threads T] [--device cpu|cuda] [--max-seconds S] [--json PATH]
 """
 from __future__ import annotations
 
@@ -135,6 +135,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--warmup", type=int, default=30, help="steps left out at the start of each run (default 30)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    parser.add_argument("--max-seconds", type=float, default=150,
+                        help="start no new pair of runs after this many seconds (default 150)")
     parser.add_argument("--json", metavar="PATH", help="also write the numbers to this JSON file")
     args = parser.parse_args(argv)
     if args.steps <= args.warmup or args.repeats < 1:
@@ -159,7 +161,11 @@ def main(argv=None) -> dict:
     kept = {name: [] for name in loops}        # post-warm-up step times of all runs, pooled
     run_medians = {name: [] for name in loops}
     final, peaks = {}, []
+    began = time.perf_counter()
     for repeat in range(args.repeats):
+        if repeat and time.perf_counter() - began > args.max_seconds:
+            print(f"stopped after {repeat} of {args.repeats} pairs: --max-seconds {args.max_seconds:g} reached")
+            break
         # Interleaved in pairs, the order flipped every pair (A B, B A, A B, ...) so that a
         # slow drift of the machine's speed falls on both loops alike.
         order = list(loops) if repeat % 2 == 0 else list(loops)[::-1]
@@ -192,7 +198,7 @@ def main(argv=None) -> dict:
               "load_average_1min": [load_before, load_average()],
               "config": {"n_layers": N_LAYERS, "d_in": D_IN, "d_hidden": D_HIDDEN, "n_classes": N_CLASSES,
                          "train_size": TRAIN_SIZE, "batch_size": BATCH, "lr": LR, "lr_end_factor": LR_END_FACTOR,
-                         "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats},
+                         "steps": args.steps, "warmup": args.warmup, "repeats": len(run_medians["plain"])},
               "flops_per_step": flops, "matmul_peak_gflops": peak, "matmul_peak_gflops_samples": peaks,
               "flop_bound_ms": bound_ms, "course_over_plain_paired": pair_ratio,
               "course_over_plain_pooled": pooled_ratio, "run_median_spread": spread,
@@ -204,7 +210,7 @@ def main(argv=None) -> dict:
           f"1-min load average {load_before} before, {report['load_average_1min'][1]} after")
     print(f"Lab-01 MLP {D_IN}-{D_HIDDEN}x{N_LAYERS - 1}-{N_CLASSES}, batch {BATCH}: "
           f"{flops / 1e6:.1f} MFLOP/step; matmul peak {peak:.1f} GFLOP/s -> FLOP-bound step {bound_ms:.3f} ms")
-    print(f"{args.repeats} interleaved runs x {args.steps} steps per loop, first {args.warmup} steps of each run "
+    print(f"{len(run_medians['plain'])} interleaved runs x {args.steps} steps per loop, first {args.warmup} steps of each run "
           f"left out; final weights course vs plain: max |diff| = {weight_diff:.2g}\n")
     print("| loop | median step (ms) | best run (ms) | slowest run (ms) | GFLOP/s | step / FLOP-bound |")
     print("|---|---:|---:|---:|---:|---:|")
@@ -213,7 +219,7 @@ def main(argv=None) -> dict:
         print(f"| {name} | {r['median_step_ms']:.3f} | {r['best_run_median_ms']:.3f} | "
               f"{max(r['run_medians_ms']):.3f} | {r['gflops']:.1f} | {r['step_over_flop_bound']:.2f}x |")
     course_bound = results["course"]["step_over_flop_bound"]
-    print(f"\ncourse / plain = {pair_ratio:.3f} (median of the {args.repeats} paired runs; pooled medians: "
+    print(f"\ncourse / plain = {pair_ratio:.3f} (median of the {len(run_medians['plain'])} paired runs; pooled medians: "
           f"{pooled_ratio:.3f}); target <= 1.0: {'met' if pair_ratio <= 1.0 else 'NOT met'}")
     print(f"course step / FLOP-bound step = {course_bound:.2f}x; target <= 2: "
           f"{'met' if course_bound <= 2 else 'NOT met'}")
