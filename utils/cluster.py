@@ -1,0 +1,323 @@
+"""Distributed cells: ipyparallel engines with torch.distributed initialised on each one.
+
+    from utils import cluster
+    workers = cluster.start(4)          # 4 local engines, gloo on CPU (nccl: one GPU each)
+
+    %%px
+    print(rank, world_size, device)     # runs on every engine, output grouped by engine
+
+Each engine gets ``rank`` (0..N-1, fixed), ``world_size``, ``device``, ``torch`` and ``dist``
+in its namespace; the default process group is initialised once, with a timeout, on a free
+port of engine 0's host. Calling ``start`` again with the same settings returns the running
+cluster; other settings restart it. ``stop()`` (also run when the kernel exits, and by a
+watchdog process if the kernel is killed) leaves no process behind. Taught in lab 03.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+BACKENDS = ("gloo", "nccl")
+LAUNCHERS = ("local", "mpi", "ssh", "slurm")
+MAX_LOCAL_ENGINES_PER_CORE = 4
+
+_running: "Workers | None" = None
+
+
+class ClusterError(RuntimeError):
+    """The engines or their process group could not be started; the message says what to do."""
+
+
+@dataclass
+class Workers:
+    """A running set of engines: ``view`` runs code on all of them, rank order."""
+    cluster: object
+    client: object
+    view: object
+    n: int
+    backend: str
+    engines: str
+    timeout: float
+    rank_of_engine: dict = field(default_factory=dict)
+    hosts: list = field(default_factory=list)
+    pids: list = field(default_factory=list)
+    master: str = ""
+    watchdog: subprocess.Popen | None = None
+
+    def __repr__(self) -> str:
+        return (f"<{self.n} {self.engines} engine(s), backend {self.backend}, rendezvous {self.master}, "
+                f"timeout {self.timeout:g} s>")
+
+    def run(self, function, *args, timeout: float | None = None, **kwargs) -> list:
+        """Call ``function(*args, **kwargs)`` on every engine; results in rank order."""
+        result = self.view.apply_async(function, *args, **kwargs)
+        return result.get(timeout=timeout or self.timeout)
+
+    def stop(self) -> None:
+        stop()
+
+
+def _default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _check_settings(n: int, backend: str, engines: str) -> None:
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"the number of engines must be a whole number >= 1, got {n!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; use 'gloo' (CPU) or 'nccl' (one GPU per engine)")
+    if engines not in LAUNCHERS:
+        raise ValueError(f"unknown engines {engines!r}; use one of {', '.join(LAUNCHERS)}")
+    if backend == "nccl" and engines == "local":
+        gpus = torch.cuda.device_count()
+        if gpus == 0:
+            raise ValueError("backend 'nccl' needs CUDA GPUs and this machine has none; "
+                             "use backend='gloo' (it runs on the CPU)")
+        if n > gpus:
+            raise ValueError(f"backend 'nccl' needs one GPU per engine: {n} engines asked for, "
+                             f"{gpus} GPU(s) here; use n <= {gpus} or backend='gloo'")
+    cores = os.cpu_count() or 1
+    if engines == "local" and n > MAX_LOCAL_ENGINES_PER_CORE * cores:
+        raise ValueError(f"{n} local engines on {cores} cores would spend their time waiting for a core; "
+                         f"use at most {MAX_LOCAL_ENGINES_PER_CORE * cores}")
+
+
+# --- functions that run on the engines --------------------------------------------------
+
+def _engine_identity():
+    import os
+    import socket
+
+    try:
+        from mpi4py import MPI  # only present for MPI engines; gives the launcher's rank order
+        mpi_rank = MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() else None
+    except ImportError:
+        mpi_rank = None
+    return socket.gethostname(), os.getpid(), mpi_rank
+
+
+def _free_port(port: int | None):
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("", port or 0))
+        except OSError as error:
+            return None, str(error)
+        return s.getsockname()[1], ""
+
+
+def _init_process_group(rank, world_size, master_addr, master_port, backend, timeout_s, threads):
+    import datetime
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank))
+    if threads:
+        torch.set_num_threads(threads)
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
+                                world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
+    return device
+
+
+def _destroy_process_group():
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# --- the notebook side ------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _quiet():
+    """Keep ipyparallel's start/stop chatter (and engine logs) out of the learner's notebook."""
+    buffer = io.StringIO()
+    loggers = [logging.getLogger(name) for name in ("ipyparallel", "IPClusterApp", "traitlets")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
+            yield buffer
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def start(n: int = 2, *, backend: str | None = None, engines: str = "local", timeout: float = 60,
+          threads_per_engine: int | None = None, port: int | None = None, activate: bool = True,
+          **cluster_options) -> Workers:
+    """Start ``n`` engines with torch.distributed initialised on each, or return the running ones.
+
+    backend: ``gloo`` (CPU) or ``nccl`` (one GPU per engine); default nccl when CUDA is present.
+    engines: ipyparallel's launcher: ``local``, ``mpi`` (mpiexec), ``ssh`` or ``slurm``; options for
+      the launcher go through ``cluster_options`` to ``ipyparallel.Cluster``.
+    timeout: seconds allowed for the engines to start, for the process group to form, and for any
+      collective to complete before it fails with an error.
+    threads_per_engine: torch threads per engine; default: this machine's cores / n (local engines).
+    port: the rendezvous port on engine 0's host; default: a free one.
+    activate: register ``%%px`` and ``%px`` for these engines.
+    """
+    global _running
+    backend = backend or _default_backend()
+    _check_settings(n, backend, engines)
+    if _running is not None:
+        same = (_running.n, _running.backend, _running.engines) == (n, backend, engines)
+        if same and _alive(_running):
+            if activate:
+                _running.view.activate()
+            return _running
+        stop()
+    import ipyparallel as ipp
+
+    if engines == "local" and threads_per_engine is None:
+        threads_per_engine = max(1, (os.cpu_count() or 1) // n)
+    with _quiet():
+        cluster = ipp.Cluster(n=n, engines=engines, log_level=logging.ERROR, **cluster_options)
+    workers = Workers(cluster=cluster, client=None, view=None, n=n, backend=backend, engines=engines,
+                      timeout=timeout)
+    _running = workers
+    try:
+        _start_engines(workers, timeout)
+        workers.watchdog = _start_watchdog(workers)
+        _start_process_group(workers, port, threads_per_engine)
+    except BaseException:
+        stop()
+        raise
+    if activate:
+        workers.view.activate()
+    return workers
+
+
+def _start_engines(workers: Workers, timeout: float) -> None:
+    with _quiet():
+        try:
+            workers.cluster.start_cluster_sync()
+            workers.client = workers.cluster.connect_client_sync()
+            workers.client.wait_for_engines(workers.n, timeout=timeout, interactive=False)
+        except TimeoutError:
+            raise ClusterError(f"only {len(workers.client.ids) if workers.client else 0} of {workers.n} engines "
+                               f"started within {timeout:g} s; check the launcher's log "
+                               f"({workers.cluster.profile_dir}/log), or pass a larger timeout") from None
+        except Exception as error:
+            raise ClusterError(f"the {workers.engines} engines could not be started: "
+                               f"{type(error).__name__}: {error}") from error
+    identities = workers.client[:].apply_sync(_engine_identity)
+    engine_ids = list(workers.client.ids)
+    # Ranks follow MPI's order for MPI engines, the engines' ids otherwise: fixed and 0..n-1.
+    order = sorted(range(len(engine_ids)), key=lambda i: (identities[i][2] is None, identities[i][2] or 0,
+                                                           engine_ids[i]))
+    workers.rank_of_engine = {engine_ids[i]: rank for rank, i in enumerate(order)}
+    workers.view = workers.client[[engine_ids[i] for i in order]]
+    workers.view.block = True
+    workers.hosts = [identities[i][0] for i in order]
+    workers.pids = [identities[i][1] for i in order]
+
+
+def _start_process_group(workers: Workers, port: int | None, threads: int | None) -> None:
+    rank0 = workers.client[workers.view.targets[0]]
+    free, reason = rank0.apply_sync(_free_port, port)
+    if free is None:
+        raise ClusterError(f"port {port} on {workers.hosts[0]} is in use ({reason}); "
+                           f"pass another port, or port=None to pick a free one")
+    master = workers.hosts[0] if workers.engines != "local" else "127.0.0.1"
+    workers.master = f"{master}:{free}"
+    pending = [workers.client[engine].apply_async(_init_process_group, rank, workers.n, master, free,
+                                                  workers.backend, workers.timeout, threads)
+               for engine, rank in sorted(workers.rank_of_engine.items(), key=lambda item: item[1])]
+    devices = []
+    for rank, result in enumerate(pending):
+        try:
+            devices.append(result.get(timeout=workers.timeout + 10))
+        except TimeoutError:
+            raise ClusterError(f"the {workers.backend} process group did not form within {workers.timeout:g} s "
+                               f"(rank {rank} still waiting at {workers.master}); a firewall between the "
+                               f"engines' hosts, or an engine stuck in earlier work, are the usual causes") from None
+        except Exception as error:
+            raise ClusterError(f"rank {rank} could not join the {workers.backend} process group at "
+                               f"{workers.master}: {error}") from error
+    for (engine, rank), device in zip(sorted(workers.rank_of_engine.items(), key=lambda item: item[1]), devices):
+        workers.client[engine].push(dict(rank=rank, world_size=workers.n, device=device), block=True)
+    workers.view.execute("import torch\nimport torch.distributed as dist", block=True)
+
+
+def _alive(workers: Workers) -> bool:
+    try:
+        return len(workers.client.ids) == workers.n and all(workers.view.apply_sync(lambda: True))
+    except Exception:
+        return False
+
+
+def _cluster_pids(workers: Workers) -> list[int]:
+    pids = list(workers.pids)
+    controller = getattr(workers.cluster, "controller", None)
+    if controller is not None and getattr(controller, "pid", -1) > 0:
+        pids.append(controller.pid)
+    for engine_set in getattr(workers.cluster, "engines", {}).values():
+        pids += [launcher.pid for launcher in getattr(engine_set, "launchers", {}).values()
+                 if getattr(launcher, "pid", -1) > 0]
+        if getattr(engine_set, "pid", -1) > 0:  # mpiexec and batch launchers have one process
+            pids.append(engine_set.pid)
+    return sorted(set(pids))
+
+
+def _start_watchdog(workers: Workers) -> subprocess.Popen:
+    """A process that stops the cluster's processes if this kernel dies without stopping them."""
+    command = [sys.executable, "-m", "utils.watchdog", str(os.getpid())] + [str(p) for p in _cluster_pids(workers)]
+    return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def stop() -> None:
+    """Destroy the process group, stop engines and controller, and make sure none is left."""
+    global _running
+    workers, _running = _running, None
+    if workers is None:
+        return
+    from .watchdog import process_trees, terminate
+
+    procs = process_trees(_cluster_pids(workers))  # before stopping: nannies detach on the way out
+    if workers.view is not None:
+        try:
+            workers.view.apply_async(_destroy_process_group).get(timeout=10)
+        except Exception:
+            pass  # a broken group is torn down with its processes below
+    with _quiet():
+        try:
+            if workers.client is not None:
+                workers.client.close()
+            workers.cluster.stop_cluster_sync()
+        except Exception:
+            pass
+    terminate(procs)
+    if workers.watchdog is not None:
+        workers.watchdog.kill()
+        workers.watchdog.wait()
+
+
+def running() -> Workers | None:
+    """The running cluster started by ``start``, or None."""
+    return _running
+
+
+import atexit  # noqa: E402  (registered after ipyparallel's own handler exists, so it runs first)
+
+atexit.register(stop)
