@@ -18,6 +18,7 @@ import contextlib
 import io
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -33,6 +34,14 @@ _running: "Workers | None" = None
 
 class ClusterError(RuntimeError):
     """The engines or their process group could not be started; the message says what to do."""
+
+
+class RankError(RuntimeError):
+    """Code run on the engines raised on one or more ranks; the message names each rank."""
+
+
+def _done(result) -> list[bool]:
+    return [child.done() for child in getattr(result, "_children", [])] or [result.done()]
 
 
 @dataclass
@@ -56,9 +65,34 @@ class Workers:
                 f"timeout {self.timeout:g} s>")
 
     def run(self, function, *args, timeout: float | None = None, **kwargs) -> list:
-        """Call ``function(*args, **kwargs)`` on every engine; results in rank order."""
+        """Call ``function(*args, **kwargs)`` on every engine; results in rank order.
+
+        An exception on any rank raises ``RankError`` naming each failing rank with its
+        error; ranks still running after ``timeout`` (default: the cluster's) raise
+        ``TimeoutError``, and the cluster should then be restarted.
+        """
+        import ipyparallel as ipp
+
         result = self.view.apply_async(function, *args, **kwargs)
-        return result.get(timeout=timeout or self.timeout)
+        limit = self.timeout + 10 if timeout is None else timeout
+        try:
+            return result.get(timeout=limit)
+        except ipp.error.CompositeError as error:
+            raise RankError(self._describe(error.elist)) from None
+        except ipp.error.RemoteError as error:
+            raise RankError(self._describe([(error.ename, error.evalue, error.traceback, error.engine_info)])) from None
+        except TimeoutError:
+            waiting = [self.rank_of_engine.get(e, e) for e, done in zip(result._targets, _done(result)) if not done]
+            raise TimeoutError(f"rank(s) {waiting} did not finish within {limit:g} s: a collective that not every "
+                               f"rank joined, or a deadlock. Restart the cluster: cluster.stop(); "
+                               f"cluster.start(...)") from None
+
+    def _describe(self, errors) -> str:
+        lines = []
+        for ename, evalue, traceback, info in errors:
+            rank = self.rank_of_engine.get((info or {}).get("engine_id"), "?")
+            lines.append(f"rank {rank}: {ename}: {evalue}")
+        return "\n".join(sorted(lines))
 
     def stop(self) -> None:
         stop()
@@ -192,6 +226,15 @@ def start(n: int = 2, *, backend: str | None = None, engines: str = "local", tim
         threads_per_engine = max(1, (os.cpu_count() or 1) // n)
     with _quiet():
         cluster = ipp.Cluster(n=n, engines=engines, log_level=logging.ERROR, **cluster_options)
+    if engines == "mpi":
+        # The MPI that pip installs (the mpich wheel) puts mpiexec beside this interpreter,
+        # which may not be on PATH when the kernel was not started from an activated venv.
+        mpiexec = shutil.which("mpiexec", path=os.pathsep.join([os.path.dirname(sys.executable),
+                                                                 os.environ.get("PATH", "")]))
+        if mpiexec is None:
+            raise ClusterError("engines='mpi' needs mpiexec: pip install mpich mpi4py (or load your "
+                               "site's MPI module), then restart the kernel")
+        cluster.config.MPILauncher.mpi_cmd = [mpiexec]
     workers = Workers(cluster=cluster, client=None, view=None, n=n, backend=backend, engines=engines,
                       timeout=timeout)
     _running = workers

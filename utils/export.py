@@ -1,0 +1,83 @@
+"""Write notebook code out as a script that ``torchrun`` runs, for the day a lab moves to a cluster.
+
+    from utils import export
+    export.torchrun_script("train_ddp.py", train, call="train()")
+    # then: torchrun --standalone --nproc-per-node 4 train_ddp.py
+
+The script defines ``rank``, ``world_size`` and ``device`` as globals, exactly as
+``utils.cluster`` does on the engines, so code written for ``%%px`` cells runs unchanged.
+"""
+from __future__ import annotations
+
+import inspect
+import textwrap
+from pathlib import Path
+
+_HEADER = '''#!/usr/bin/env python
+"""{description}
+
+Run with:  torchrun --standalone --nproc-per-node N {name}
+(several machines: torchrun --nnodes M --node-rank I --rdzv-endpoint HOST:PORT ...)
+"""
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+{imports}
+
+def _setup_process_group(timeout_s={timeout}):
+    # torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT for every process.
+    if "RANK" not in os.environ:
+        raise SystemExit("run this script with torchrun, e.g. torchrun --standalone --nproc-per-node 2 {name}")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        backend, device = "nccl", torch.device("cuda", local_rank)
+    else:
+        backend, device = "gloo", torch.device("cpu")
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size(), device
+
+'''
+
+_FOOTER = '''
+
+if __name__ == "__main__":
+    rank, world_size, device = _setup_process_group()
+    try:
+{call}
+    finally:
+        dist.destroy_process_group()
+'''
+
+
+def _source(item) -> str:
+    if isinstance(item, str):
+        return textwrap.dedent(item).strip("\n")
+    if not callable(item):
+        raise TypeError(f"export a function, a class or source text, not {type(item).__name__}")
+    try:
+        return textwrap.dedent(inspect.getsource(item)).strip("\n")
+    except (OSError, TypeError) as error:
+        raise ValueError(f"cannot read the source of {getattr(item, '__name__', item)!r} ({error}); "
+                         f"pass its source as a string instead") from None
+
+
+def torchrun_script(path, *code, call: str, imports: str = "", timeout: float = 300,
+                    description: str = "Exported from the course's notebooks.", overwrite: bool = False) -> Path:
+    """Write ``code`` (functions, classes or source strings) and ``call`` to a torchrun script.
+
+    ``call`` is the statement the script runs on every rank, e.g. ``"train(epochs=3)"``.
+    An existing file is kept unless ``overwrite=True``: a learner's edited script is never lost.
+    """
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} exists; pass overwrite=True to replace it, or choose another name")
+    compile(call, "<call>", "exec")  # a typo in the call is reported now, not on every rank later
+    body = "\n\n\n".join(_source(item) for item in code)
+    text = (_HEADER.format(description=description, name=path.name, imports=imports.strip(), timeout=timeout)
+            + "\n" + body + _FOOTER.format(call=textwrap.indent(call.strip(), " " * 8)))
+    compile(text, str(path), "exec")
+    path.write_text(text)
+    return path
