@@ -10,13 +10,14 @@ def test_mlp_train_flops_hand_computed():
     # 3 layers: 10 -> 4 -> 4 -> 2 at batch 5.
     forward = 2 * 5 * 10 * 4 + 2 * 5 * 4 * 4 + 2 * 5 * 4 * 2
     assert forward == 640
-    assert mlp_train_flops(5, 3, 10, 4, 2) == 3 * 640 == 1920
+    first = 2 * 5 * 10 * 4  # the first layer's input gradient is never computed
+    assert mlp_train_flops(5, 3, 10, 4, 2) == 3 * 640 - first == 1520
 
 
 def test_mlp_train_flops_one_layer_and_seed_sizes():
-    assert mlp_train_flops(1, 1, 7, 99, 3) == 3 * 2 * 7 * 3  # d_hidden unused with one layer
+    assert mlp_train_flops(1, 1, 7, 99, 3) == 2 * 2 * 7 * 3  # d_hidden unused; forward + weight gradient
     # The seed exercise: 4 layers 1024 -> 256 -> 256 -> 256 -> 32, batch 64.
-    expected = 3 * 2 * 64 * (1024 * 256 + 256 * 256 * 2 + 256 * 32)
+    expected = 3 * 2 * 64 * (1024 * 256 + 256 * 256 * 2 + 256 * 32) - 2 * 64 * 1024 * 256
     assert mlp_train_flops(64, 4, 1024, 256, 32) == expected
     assert isinstance(mlp_train_flops(64, 4, 1024, 256, 32), int)
 

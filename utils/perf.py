@@ -15,15 +15,14 @@ def mlp_train_flops(batch_size: int, n_layers: int, d_in: int, d_hidden: int, n_
     """Floating-point operations of one training step of the bias-free MLP.
 
     A linear layer with weight (out, in) costs 2*B*in*out FLOPs forward (a multiply and
-    an add per weight per sample). Backward costs twice that: one matmul for the
-    gradient of the input and one for the gradient of the weight, so a step is 3x the
-    forward pass. tanh, the loss and the SGD update are O(B*width) and left out; the
-    first layer's input gradient is counted though autograd skips it, which is why the
-    count is an upper bound for one-layer models.
+    an add per weight per sample). Backward costs twice that (one matmul for the gradient
+    of the input, one for the gradient of the weight), except in the first layer: the data
+    needs no gradient, so autograd computes only the weight gradient there. tanh, the loss
+    and the SGD update are O(B * width) and left out.
     """
-    forward = sum(2 * batch_size * fan_in * fan_out
-                  for fan_in, fan_out in mlp_layer_shapes(n_layers, d_in, d_hidden, n_classes))
-    return 3 * forward
+    layers = [2 * batch_size * fan_in * fan_out
+              for fan_in, fan_out in mlp_layer_shapes(n_layers, d_in, d_hidden, n_classes)]
+    return 3 * sum(layers) - layers[0]
 
 
 def _synchronize(device: torch.device) -> None:
