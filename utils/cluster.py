@@ -148,14 +148,13 @@ def _free_port(port: int | None):
         return s.getsockname()[1], ""
 
 
-def _init_process_group(rank, world_size, master_addr, master_port, backend, timeout_s, threads):
+def _init_process_group(rank, local_rank, world_size, master_addr, master_port, backend, timeout_s, threads):
     import datetime
     import os
 
     import torch
     import torch.distributed as dist
 
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
     os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank))
     if threads:
@@ -198,12 +197,15 @@ def _quiet():
 
 def start(n: int = 2, *, backend: str | None = None, engines: str = "local", timeout: float = 60,
           threads_per_engine: int | None = None, port: int | None = None, activate: bool = True,
-          **cluster_options) -> Workers:
+          launcher_config: dict | None = None, **cluster_options) -> Workers:
     """Start ``n`` engines with torch.distributed initialised on each, or return the running ones.
 
     backend: ``gloo`` (CPU) or ``nccl`` (one GPU per engine); default nccl when CUDA is present.
-    engines: ipyparallel's launcher: ``local``, ``mpi`` (mpiexec), ``ssh`` or ``slurm``; options for
-      the launcher go through ``cluster_options`` to ``ipyparallel.Cluster``.
+    engines: ipyparallel's launcher: ``local``, ``mpi`` (mpiexec), ``ssh`` or ``slurm``. Settings of
+      the launcher classes go in ``launcher_config``, e.g.
+      ``{"SSHEngineSetLauncher": {"engines": {"node1": 2, "node2": 2}}}``; other keyword
+      arguments go to ``ipyparallel.Cluster`` (e.g. ``controller_ip="*"`` so that engines on
+      other machines can reach the controller). README.md has worked examples.
     timeout: seconds allowed for the engines to start, for the process group to form, and for any
       collective to complete before it fails with an error.
     threads_per_engine: torch threads per engine; default: this machine's cores / n (local engines).
@@ -235,6 +237,9 @@ def start(n: int = 2, *, backend: str | None = None, engines: str = "local", tim
             raise ClusterError("engines='mpi' needs mpiexec: pip install mpich mpi4py (or load your "
                                "site's MPI module), then restart the kernel")
         cluster.config.MPILauncher.mpi_cmd = [mpiexec]
+    for launcher, settings in (launcher_config or {}).items():
+        for name, value in settings.items():
+            setattr(getattr(cluster.config, launcher), name, value)
     workers = Workers(cluster=cluster, client=None, view=None, n=n, backend=backend, engines=engines,
                       timeout=timeout)
     _running = workers
@@ -283,8 +288,10 @@ def _start_process_group(workers: Workers, port: int | None, threads: int | None
                            f"pass another port, or port=None to pick a free one")
     master = workers.hosts[0] if workers.engines != "local" else "127.0.0.1"
     workers.master = f"{master}:{free}"
-    pending = [workers.client[engine].apply_async(_init_process_group, rank, workers.n, master, free,
-                                                  workers.backend, workers.timeout, threads)
+    # The GPU of a rank is its index among the ranks on the same host (torchrun's LOCAL_RANK).
+    local_ranks = [workers.hosts[:rank].count(host) for rank, host in enumerate(workers.hosts)]
+    pending = [workers.client[engine].apply_async(_init_process_group, rank, local_ranks[rank], workers.n, master,
+                                                  free, workers.backend, workers.timeout, threads)
                for engine, rank in sorted(workers.rank_of_engine.items(), key=lambda item: item[1])]
     devices = []
     for rank, result in enumerate(pending):
