@@ -90,8 +90,9 @@ class Workers:
     def _describe(self, errors) -> str:
         lines = []
         for ename, evalue, traceback, info in errors:
-            rank = self.rank_of_engine.get((info or {}).get("engine_id"), "?")
-            lines.append(f"rank {rank}: {ename}: {evalue}")
+            rank = self.rank_of_engine.get((info or {}).get("engine_id"))
+            who = f"rank {rank}" if rank is not None else "an engine (it died or was stopped)"
+            lines.append(f"{who}: {ename}: {evalue}")
         return "\n".join(sorted(lines))
 
     def stop(self) -> None:
@@ -309,9 +310,25 @@ def _start_process_group(workers: Workers, port: int | None, threads: int | None
     workers.view.execute("import torch\nimport torch.distributed as dist", block=True)
 
 
+def _probe_process_group():
+    import torch
+    import torch.distributed as dist
+
+    x = torch.ones(1)
+    dist.all_reduce(x)
+    return x.item()
+
+
 def _alive(workers: Workers) -> bool:
+    """Engines answer and their process group still completes a collective.
+
+    After a collective timed out, gloo's group is broken for good; engines busy in a
+    deadlocked call do not answer. Either way the cluster is restarted.
+    """
     try:
-        return len(workers.client.ids) == workers.n and all(workers.view.apply_sync(lambda: True))
+        if len(workers.client.ids) != workers.n:
+            return False
+        return workers.view.apply_async(_probe_process_group).get(timeout=10) == [float(workers.n)] * workers.n
     except Exception:
         return False
 
