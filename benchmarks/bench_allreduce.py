@@ -22,7 +22,6 @@ import datetime
 import json
 import multiprocessing
 import os
-import platform
 import queue
 import socket
 import statistics
@@ -37,6 +36,9 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from utils.collectives import bus_bandwidth, ring_all_reduce, time_collective  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import machine as machine_info  # noqa: E402
 
 MIB = 1 << 20
 
@@ -109,18 +111,6 @@ def run_world(world_size, sizes, rounds, quick, timeout_s=600.0) -> list[dict]:
     return reports[0]  # every rank holds the same numbers after the MAX all-reduce
 
 
-def machine() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return dict(cpu=cpu, cores=os.cpu_count(), torch=torch.__version__, python=platform.python_version(),
-                system=f"{platform.system()} {platform.release()}",
-                load_average=[round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None)
 
 
 def size_label(n_bytes: int) -> str:
@@ -168,7 +158,7 @@ def main() -> None:
     if min(args.world_sizes) < 2 or args.rounds < 1 or args.max_bytes < 1024:
         parser.error("world sizes must be >= 2, --rounds >= 1 and --max-bytes >= 1024")
     sizes = [1024 * 4 ** k for k in range(12) if 1024 * 4 ** k <= args.max_bytes]
-    info = machine()
+    info = machine_info.describe()
     print(f"Machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}, Python {info['python']}, "
           f"{info['system']}; load average before: {info['load_average']}", flush=True)
     start, rows = time.perf_counter(), []

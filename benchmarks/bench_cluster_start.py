@@ -13,7 +13,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import socket
 import statistics
 import sys
@@ -27,6 +26,9 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from utils import cluster  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import machine as machine_info  # noqa: E402
 
 
 def _spawned_worker(rank: int, world_size: int, port: int, queue) -> None:
@@ -84,11 +86,7 @@ def main(argv=None) -> None:
         times["mp.spawn"].append(time_spawn(args.workers))
     medians = {name: statistics.median(values) for name, values in times.items()}
     ratio = medians["utils.cluster"] / medians["mp.spawn"]
-    cpu = platform.processor() or platform.machine()
-    if Path("/proc/cpuinfo").exists():
-        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name")), cpu)
-    machine = f"{cpu}, {os.cpu_count()} logical cores, torch {torch.__version__}, load {os.getloadavg()[0]:.1f}"
+    machine = f"{machine_info.one_line()}, load {os.getloadavg()[0]:.1f}"
     print(f"{args.workers} workers, gloo, {args.repeats} repeats each, on {machine}\n")
     print("| start-up to first all_reduce | median (s) | all runs (s) |\n| --- | ---: | --- |")
     for name, values in times.items():

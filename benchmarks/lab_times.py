@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -20,24 +19,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import machine  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results" / "lab_times.json"
 README = ROOT / "README.md"
 BEGIN, END = "<!-- course-map:begin -->", "<!-- course-map:end -->"
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import torch
-
-    gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
-    return f"{cpu}, {os.cpu_count()} logical cores{gpu}, {platform.system()}, torch {torch.__version__}"
 
 
 def time_notebook(path: Path, quick: bool) -> float:
@@ -94,7 +82,7 @@ def main(argv=None) -> None:
                 lab[f"{mode}_s"] = round(time_notebook(path, quick=(mode == "quick")), 1)
                 print(f"{path.name}: {mode} mode {lab[f'{mode}_s']:.1f} s", flush=True)
             labs.append(lab)
-        previous = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "labs": labs}
+        previous = {"machine": machine.one_line(), "date": time.strftime("%Y-%m-%d"), "labs": labs}
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(previous, indent=2) + "\n")
     write_readme_table(previous)

@@ -3,6 +3,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from check_helpers import fails, stub
 from utils.checks import ExerciseError, Incorrect, NotSolved, expect, exercise, lab01
 
 
@@ -34,17 +35,6 @@ def evaluate(model, x, y, batch_size):
         total += F.cross_entropy(model(x[i:i + batch_size]), y[i:i + batch_size], reduction="sum").item()
     model.train()
     return total / len(x)
-
-
-def stub(*args):
-    raise NotImplementedError
-
-
-def fails(check, solution, kind):
-    with pytest.raises(kind) as info:
-        check(solution)
-    assert type(info.value) is kind
-    return str(info.value)
 
 
 # --- 1.1 build_layers ------------------------------------------------------------------------

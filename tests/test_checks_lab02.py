@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from check_helpers import fails, stub
 from utils.checks import Incorrect, NotSolved, lab02
 
 # Messages of the checks, kept whole where they do not depend on the run.
@@ -47,17 +48,6 @@ def time_ms(fn, device, repeats=10, scale=1e3, per_call=True, warm_up=True):
     sync(device)
     total = (time.perf_counter() - start) * scale
     return total / repeats if per_call else total
-
-
-def stub(*args):
-    raise NotImplementedError
-
-
-def fails(check, solution, kind):
-    with pytest.raises(kind) as info:
-        check(solution)
-    assert type(info.value) is kind
-    return str(info.value)
 
 
 # --- 2.1 train_steps -------------------------------------------------------------------------
