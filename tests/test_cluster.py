@@ -166,6 +166,7 @@ def test_failing_rank_is_named_and_nothing_hangs(clean):
     with pytest.raises(cluster.RankError) as error:
         workers.run(_rank_one_fails)
     assert "rank 1: ValueError: rank 1 gave up" in str(error.value)
+    assert 'raise ValueError("rank 1 gave up")' in str(error.value), "the failing rank's traceback is shown"
     assert "rank 0:" in str(error.value), "rank 0's collective must fail too, not hang"
     assert time.monotonic() - started < 60
     # gloo's group is broken after a timeout: re-running the set-up cell must give a working one.

@@ -88,12 +88,17 @@ class Workers:
                                f"cluster.start(...)") from None
 
     def _describe(self, errors) -> str:
-        lines = []
+        """One paragraph per failing rank, in rank order: the error, then that rank's traceback."""
+        import re
+
+        parts = []
         for ename, evalue, traceback, info in errors:
             rank = self.rank_of_engine.get((info or {}).get("engine_id"))
             who = f"rank {rank}" if rank is not None else "an engine (it died or was stopped)"
-            lines.append(f"{who}: {ename}: {evalue}")
-        return "\n".join(sorted(lines))
+            trace = re.sub(r"\x1b\[[0-9;]*m", "", traceback or "").strip()
+            parts.append((rank if rank is not None else self.n, f"{who}: {ename}: {evalue}"
+                          + (f"\n    " + trace.replace("\n", "\n    ") if trace else "")))
+        return "\n".join(text for _, text in sorted(parts, key=lambda part: part[0]))
 
     def stop(self) -> None:
         stop()
