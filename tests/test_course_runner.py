@@ -39,3 +39,15 @@ def test_executed_notebook_and_html_are_written(tmp_path):
     executed = nbformat.read(tmp_path / "out" / "probe.ipynb", as_version=4)
     assert executed.cells[0].outputs[0].text == "42\n"
     assert "42" in (tmp_path / "out" / "probe.html").read_text()
+
+
+def test_quick_mode_can_come_from_the_environment(tmp_path):
+    path = _write(tmp_path, "import os; print(os.environ.get('COURSE_QUICK'))")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "COURSE_QUICK"}
+    for setting, expected in (("1", "1"), ("0", "0")):
+        result = subprocess.run([sys.executable, "-m", "utils.course", "--no-html", "--out", str(tmp_path / setting),
+                                 str(path)], cwd=ROOT, env={**env, "COURSE_QUICK": setting}, capture_output=True,
+                                text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        executed = nbformat.read(tmp_path / setting / "probe.ipynb", as_version=4)
+        assert executed.cells[0].outputs[0].text.strip() == expected

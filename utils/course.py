@@ -101,7 +101,9 @@ def main(argv=None) -> int:
     failed = 0
     for path in args.notebooks:
         start = time.perf_counter()
-        nb = execute(path, quick=args.quick, cell_timeout=args.cell_timeout, allow_errors=args.allow_errors)
+        # Without --quick the mode comes from the environment (COURSE_QUICK), never forced to full.
+        nb = execute(path, quick=True if args.quick else None, cell_timeout=args.cell_timeout,
+                     allow_errors=args.allow_errors)
         seconds = time.perf_counter() - start
         if args.out:
             write_outputs(nb, args.out, path.stem, html=not args.no_html)
