@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from utils.data import Dataset
 from utils.models import MLP
+from utils import train as train_module
 from utils.train import History, batch_indices, check_training_config, evaluate, log_line, time_steps, train
 
 
@@ -257,3 +258,19 @@ def test_time_steps_positive_float():
 def test_time_steps_checks_config():
     with pytest.raises(ValueError, match="larger than the training set"):
         time_steps(MLP(1, 6, 4, 3), torch.randn(4, 6), torch.zeros(4, dtype=torch.long), batch_size=8)
+
+
+def test_epoch_batches_follow_batch_indices_and_are_views():
+    x = torch.arange(23 * 2, dtype=torch.float32).reshape(23, 2)
+    y = torch.arange(23)
+    for shuffle in (True, False):
+        pairs = train_module.epoch_batches(x, y, 5, seed=3, shuffle=shuffle)
+        indices = train_module.batch_indices(23, 5, seed=3, shuffle=shuffle)
+        for _ in range(12):  # three epochs of four batches
+            xb, yb = next(pairs)
+            index = next(indices)
+            assert torch.equal(yb, y[index]) and torch.equal(xb, x[index])
+    xb, _ = next(train_module.epoch_batches(x, y, 5, shuffle=False))
+    assert xb.data_ptr() == x.data_ptr(), "without shuffling a batch is a view, not a copy"
+    with pytest.raises(ValueError, match="between 1 and"):
+        next(train_module.epoch_batches(x, y, 24))
