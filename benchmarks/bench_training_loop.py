@@ -22,8 +22,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -38,6 +36,9 @@ from utils.data import synthetic  # noqa: E402
 from utils.models import MLP  # noqa: E402
 from utils.perf import matmul_peak_gflops, mlp_train_flops  # noqa: E402
 from utils.train import train  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import machine as machine_info  # noqa: E402
 
 # The lab-01 configuration.
 N_LAYERS, D_IN, D_HIDDEN, N_CLASSES = 4, 1024, 256, 32
@@ -55,7 +56,9 @@ def course_loop(model, data, n_steps: int, device: torch.device) -> list[float]:
     Timed region (inside utils.train.train): gathering the batch ``x_train[index]``,
     ``y_train[index]``, forward, cross_entropy, zero_grad, backward, optimizer.step,
     scheduler.step. Outside it: drawing the next index tensor, and the two evaluations
-    (after step 0 and after the last step, as log_every = n_steps).
+    (after step 0 and after the last step, as log_every = n_steps). shuffle=False walks the
+    training set in order, as the seed's loop and the plain loop do: both loops see the same
+    batches, so from the same init they must end at the same weights (checked in main).
     """
     history = train(model, data, batch_size=BATCH, lr=LR, lr_end_factor=LR_END_FACTOR, n_steps=n_steps,
                     log_every=n_steps, eval_size=1000, device=device, shuffle=False,
@@ -102,20 +105,9 @@ def plain_loop(model, data, n_steps: int, device: torch.device) -> list[float]:
     return times
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine(device: torch.device) -> dict:
-    info = {"cpu": cpu_model(), "logical_cores": os.cpu_count(), "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
-            "device": str(device)}
+    info = machine_info.describe()
+    info.update(torch_threads=torch.get_num_threads(), device=str(device))
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
@@ -136,7 +128,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     parser.add_argument("--max-seconds", type=float, default=150,
-                        help="start no new pair of runs after this many seconds (default 150)")
+                        help="start no pair of runs that would end after this many seconds (default 150)")
     parser.add_argument("--json", metavar="PATH", help="also write the numbers to this JSON file")
     args = parser.parse_args(argv)
     if args.steps <= args.warmup or args.repeats < 1:
@@ -144,6 +136,8 @@ def main(argv=None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if device.type not in ("cpu", "cuda"):
+        parser.error(f"--device {args.device}: only cpu and cuda[:N] are timed correctly here")
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda asked for, but this machine has no CUDA GPU")
     load_before = load_average()
@@ -161,11 +155,13 @@ def main(argv=None) -> dict:
     kept = {name: [] for name in loops}        # post-warm-up step times of all runs, pooled
     run_medians = {name: [] for name in loops}
     final, peaks = {}, []
-    began = time.perf_counter()
+    began = pair_began = time.perf_counter()
     for repeat in range(args.repeats):
-        if repeat and time.perf_counter() - began > args.max_seconds:
+        now = time.perf_counter()
+        if repeat and (now - began) + (now - pair_began) > args.max_seconds:  # the next pair would overrun
             print(f"stopped after {repeat} of {args.repeats} pairs: --max-seconds {args.max_seconds:g} reached")
             break
+        pair_began = now
         # Interleaved in pairs, the order flipped every pair (A B, B A, A B, ...) so that a
         # slow drift of the machine's speed falls on both loops alike.
         order = list(loops) if repeat % 2 == 0 else list(loops)[::-1]
@@ -205,8 +201,7 @@ def main(argv=None) -> dict:
               "max_final_weight_diff": weight_diff, "results": results}
 
     m = report["machine"]
-    print(f"Machine: {m['cpu']}, {m['logical_cores']} logical cores, torch {m['torch']}, "
-          f"{m['torch_threads']} torch threads, device {m.get('gpu', m['device'])}; "
+    print(f"Machine: {machine_info.one_line(m)}; {m['torch_threads']} torch threads, device {m['device']}; "
           f"1-min load average {load_before} before, {report['load_average_1min'][1]} after")
     print(f"Lab-01 MLP {D_IN}-{D_HIDDEN}x{N_LAYERS - 1}-{N_CLASSES}, batch {BATCH}: "
           f"{flops / 1e6:.1f} MFLOP/step; matmul peak {peak:.1f} GFLOP/s -> FLOP-bound step {bound_ms:.3f} ms")
