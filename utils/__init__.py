@@ -1,0 +1,6 @@
+"""The course library. One job per module; each names the lab that teaches it.
+
+config (settings from the environment), data, models, train, perf (FLOPs and peak),
+plotting, checks (exercise checks), release (learner edition), course (run notebooks),
+cluster (ipyparallel engines with torch.distributed), watchdog, collectives, export (torchrun).
+"""
