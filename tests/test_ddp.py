@@ -1,0 +1,166 @@
+"""utils.ddp: every wrapper ends where one process on the whole batch ends, at 2 and 4 gloo ranks.
+
+The model (utils.equivalence.AwkwardNet) has a frozen parameter, tied weights, a parameter that
+forward never uses, a buffer and parameters of very different sizes, and starts from a different
+initialisation on each rank. One spawn per world size runs every case (starting ranks costs
+seconds); the harness itself is shown able to fail on a wrapper that sums without dividing.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from spawn_ranks import run_ranks
+from utils import ddp, equivalence, replicas
+
+TOLERANCE = 1e-9            # float64: a correct wrapper differs from one process by rounding only
+BUCKET_CAPS_MB = (1e-6, 0.002, 1000.0)   # one parameter per bucket, a few per bucket, one bucket
+
+
+class SumWithoutDividing(ddp.NaiveDDP):
+    """Seed 000's bug: the gradients are summed over ranks but not divided by the world size."""
+
+    def finish_gradient_synchronization(self):
+        for param in self.params:
+            grad = self._local_grad(param)
+            dist.all_reduce(grad)
+            param.grad = grad
+
+
+def _wrappers():
+    cases = {"naive": ddp.NaiveDDP, "flat": ddp.FlatDDP, "overlap": ddp.OverlapDDP,
+             "torch DDP": lambda m: nn.parallel.DistributedDataParallel(m, find_unused_parameters=True)}
+    for cap in BUCKET_CAPS_MB:
+        cases[f"bucketed {cap:g} MB"] = lambda m, cap=cap: ddp.BucketedDDP(m, bucket_cap_mb=cap)
+    return cases
+
+
+def _equivalence_job(rank, world_size):
+    torch.set_default_dtype(torch.float32)
+    results = {name: max(equivalence.compare_with_single_process(wrap).values()) for name, wrap in _wrappers().items()}
+    results["sum without dividing"] = max(equivalence.compare_with_single_process(SumWithoutDividing).values())
+    return results
+
+
+def _bucket_counts_job(rank, world_size):
+    model = equivalence.AwkwardNet()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return {cap: len(ddp.BucketedDDP(model, bucket_cap_mb=cap).buckets) for cap in BUCKET_CAPS_MB}, len(trainable)
+
+
+def _accumulation_job(rank, world_size, variant):
+    """Two micro-batches per step, the first inside no_sync(): equals one process on both."""
+    batches = equivalence.global_batches(6, 2 * world_size, seed=7)
+    torch.manual_seed(3)
+    reference = equivalence.AwkwardNet().double()
+    torch.manual_seed(3)
+    model = ddp.VARIANTS[variant](equivalence.AwkwardNet().double())
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for first, second in zip(batches[::2], batches[1::2]):
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        for i, (x, y) in enumerate((first, second)):
+            F.cross_entropy(reference(x), y).backward()      # the whole micro-batch in one process
+            mine = slice(rank * 2, rank * 2 + 2)
+            if i == 0:
+                with model.no_sync():
+                    F.cross_entropy(model(x[mine]), y[mine]).backward()
+            else:
+                F.cross_entropy(model(x[mine]), y[mine]).backward()
+        model.finish_gradient_synchronization()
+        opt.step()
+        ref_opt.step()
+    trained = dict(model.module.named_parameters())
+    return max((trained[n] - p).abs().max().item() for n, p in reference.named_parameters())
+
+
+def _rewrap_job(rank, world_size):
+    """Wrapping the same model twice (a re-run cell) leaves one set of hooks: one reduction per step."""
+    torch.manual_seed(0)
+    model = equivalence.AwkwardNet().double()
+    ddp.OverlapDDP(model)
+    wrapped = ddp.BucketedDDP(model, bucket_cap_mb=1e-6)
+    calls = []
+    original = dist.all_reduce
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    dist.all_reduce = counting
+    try:
+        x, y = equivalence.global_batches(1, 2)[0]
+        F.cross_entropy(wrapped(x), y).backward()
+        wrapped.finish_gradient_synchronization()
+    finally:
+        dist.all_reduce = original
+    replicas.assert_replicas_equal(model, grads=True)
+    return len(calls), len(wrapped.buckets)
+
+
+def _double_backward_job(rank, world_size):
+    model = ddp.BucketedDDP(equivalence.AwkwardNet().double(), bucket_cap_mb=1e-6)
+    x, y = equivalence.global_batches(1, 2)[0]
+    F.cross_entropy(model(x), y).backward()
+    try:
+        F.cross_entropy(model(x), y).backward()
+    except RuntimeError as error:
+        return str(error)
+    return "no error"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_every_wrapper_matches_one_process_on_awkward_models(world_size):
+    per_rank = run_ranks(_equivalence_job, world_size, deadline_s=240)
+    for rank, results in enumerate(per_rank):
+        wrong = {name: d for name, d in results.items() if name != "sum without dividing" and d > TOLERANCE}
+        assert not wrong, f"rank {rank} of {world_size}: weights differ from one process by {wrong}"
+        # the harness can fail: summing without dividing multiplies the step by the world size
+        assert results["sum without dividing"] > 1e-3, results
+
+
+def test_bucket_caps_span_one_parameter_per_bucket_to_one_bucket():
+    counts, trainable = run_ranks(_bucket_counts_job, 2)[0]
+    assert counts[1e-6] == trainable          # frozen parameters are left out; tied weights counted once
+    assert 1 < counts[0.002] < trainable
+    assert counts[1000.0] == 1
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("variant", sorted(ddp.VARIANTS))
+def test_no_sync_accumulates_locally_then_reduces_the_sum(variant):
+    differences = run_ranks(_accumulation_job, 2, variant)
+    assert max(differences) < TOLERANCE
+
+
+def test_rewrapping_a_model_replaces_the_old_hooks():
+    for calls, buckets in run_ranks(_rewrap_job, 2):
+        assert calls == buckets               # the old OverlapDDP's per-parameter hooks are gone
+
+
+def test_backward_twice_without_no_sync_is_a_clear_error():
+    for message in run_ranks(_double_backward_job, 2):
+        assert "no_sync" in message
+
+
+def test_bucket_cap_must_be_positive():
+    with pytest.raises(ValueError, match="bucket_cap_mb must be > 0"):
+        ddp.assign_buckets([nn.Parameter(torch.zeros(3))], 0)
+
+
+def test_assign_buckets_goes_last_parameter_first_and_respects_the_cap():
+    params = [nn.Parameter(torch.zeros(n)) for n in (10, 300, 20, 20)]    # float32: 40, 1200, 80, 80 bytes
+    buckets = ddp.assign_buckets(params, bucket_cap_mb=200 / 2 ** 20)
+    assert [[p.numel() for p in bucket] for bucket in buckets] == [[20, 20], [300], [10]]
+
+
+def test_wrapping_without_a_process_group_says_what_to_do():
+    if dist.is_initialized():
+        pytest.skip("this test process already has a process group")
+    with pytest.raises(RuntimeError, match="utils.cluster.start"):
+        ddp.NaiveDDP(nn.Linear(2, 2))

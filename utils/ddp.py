@@ -1,0 +1,280 @@
+"""Data parallelism written from scratch: four wrappers, each a step further towards torch's DDP.
+Taught in lab 05; the lab's exercises build the same four.
+
+    model = BucketedDDP(MLP(), bucket_cap_mb=25)     # or NaiveDDP, FlatDDP, OverlapDDP
+    loss_fn(model(x), y).backward()
+    model.finish_gradient_synchronization()          # after backward(), before optimizer.step()
+    optimizer.step()
+
+Every wrapper broadcasts rank 0's parameters and buffers when it is built (and its buffers before
+every forward, as torch's DDP does), and leaves every rank's gradients equal to the mean over the
+ranks of the local gradients, so that each rank takes the same optimizer step.
+
+- ``NaiveDDP``:    one blocking all_reduce per parameter, after backward.
+- ``FlatDDP``:     one all_reduce of all gradients flattened into a single buffer, after backward.
+- ``OverlapDDP``:  an asynchronous all_reduce per parameter, started from a hook the moment its
+                   gradient is ready, so communication overlaps the rest of backward.
+- ``BucketedDDP``: gradients copied into buckets of about ``bucket_cap_mb``, in reverse order of
+                   the parameters (roughly the order backward produces them); each bucket is reduced
+                   asynchronously as soon as it is full (Li et al., VLDB 2020, section 3.2.3).
+
+Choices (the same in all four): a parameter that received no gradient on this rank (unused in
+forward) takes part as zeros, so every rank always runs the same collectives, and it ends with the
+mean gradient (zeros if no rank used it; torch's DDP leaves such a gradient ``None``, which matters
+only to optimizers with weight decay). Parameters with ``requires_grad=False`` are left out. Tied
+weights are one parameter, reduced once. Inside ``with model.no_sync():`` gradients accumulate
+locally; the first backward after it reduces the accumulated sums.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+class Timeline:
+    """Spans of time on named lanes ("compute", "communication"), for a Gantt chart of one step."""
+
+    def __init__(self):
+        self.origin = time.perf_counter()
+        self.spans: list[tuple[str, str, float, float]] = []   # (lane, label, start s, end s)
+
+    def add(self, lane: str, label: str, start: float, end: float) -> None:
+        self.spans.append((lane, label, start - self.origin, end - self.origin))
+
+    @contextmanager
+    def span(self, lane: str, label: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(lane, label, start, time.perf_counter())
+
+
+def _record_when_done(timeline: Timeline | None, work, label: str) -> None:
+    """Record an async collective's span, from now to when its future completes."""
+    if timeline is None:
+        return
+    start = time.perf_counter()
+    work.get_future().then(lambda _: timeline.add("communication", label, start, time.perf_counter()))
+
+
+class _DataParallel(nn.Module):
+    """What the four wrappers share: the start-up broadcast, buffers, no_sync and the bookkeeping."""
+
+    def __init__(self, module: nn.Module, group=None, timeline: Timeline | None = None):
+        super().__init__()
+        if not dist.is_initialized():
+            raise RuntimeError("no process group: start the workers with utils.cluster.start(n) "
+                               "(or torchrun / dist.init_process_group) before wrapping the model")
+        self.module, self.group, self.timeline = module, group, timeline
+        self.world_size = dist.get_world_size(group)
+        self.params = [p for p in module.parameters() if p.requires_grad]  # tied weights appear once
+        self._synchronizing = True
+        self._remove_earlier_hooks()
+        with torch.no_grad():
+            for tensor in list(module.parameters()) + list(module.buffers()):
+                dist.broadcast(tensor, src=self._global_rank_0(), group=group)
+
+    def _global_rank_0(self) -> int:
+        # broadcast's src is a global rank; the group's rank 0 is not global rank 0 for a subgroup.
+        return 0 if self.group is None else dist.get_global_rank(self.group, 0)
+
+    def forward(self, *args, **kwargs):
+        buffers = list(self.module.buffers())
+        if buffers and self.world_size > 1:
+            # Like torch's DDP (broadcast_buffers=True): e.g. BatchNorm's running statistics follow rank 0.
+            with torch.no_grad():
+                for buffer in buffers:
+                    dist.broadcast(buffer, src=self._global_rank_0(), group=self.group)
+        if self.timeline is None:
+            return self.module(*args, **kwargs)
+        with self.timeline.span("compute", "forward"):
+            return self.module(*args, **kwargs)
+
+    @contextmanager
+    def no_sync(self):
+        """Accumulate gradients locally (gradient accumulation); the next backward outside reduces them."""
+        self._synchronizing = False
+        try:
+            yield
+        finally:
+            self._synchronizing = True
+
+    def _on_gradient_ready(self, hook) -> None:
+        """Call ``hook(param)`` whenever backward has accumulated a parameter's gradient."""
+        for param in self.params:
+            param._data_parallel_hook = param.register_post_accumulate_grad_hook(hook)
+
+    def _remove_earlier_hooks(self) -> None:
+        # Wrapping the same model again (re-running a notebook cell) must not leave the old
+        # wrapper's hooks behind: they would go on launching collectives of their own.
+        for param in self.module.parameters():
+            old = getattr(param, "_data_parallel_hook", None)
+            if old is not None:
+                old.remove()
+                del param._data_parallel_hook
+
+    def _local_grad(self, param: nn.Parameter) -> torch.Tensor:
+        return param.grad if param.grad is not None else torch.zeros_like(param)
+
+    def finish_gradient_synchronization(self) -> None:
+        raise NotImplementedError
+
+
+class NaiveDDP(_DataParallel):
+    """One blocking all_reduce per parameter after backward: correct, and as slow as it gets."""
+
+    def finish_gradient_synchronization(self) -> None:
+        if not self._synchronizing:
+            return
+        for param in self.params:
+            grad = self._local_grad(param)
+            dist.all_reduce(grad, group=self.group)        # the sum over ranks ...
+            grad.div_(self.world_size)                     # ... divided: the mean (seed 000 forgot this)
+            param.grad = grad
+
+
+class FlatDDP(_DataParallel):
+    """All gradients flattened into one buffer and reduced in one call: one latency, not one per tensor."""
+
+    def finish_gradient_synchronization(self) -> None:
+        if not self._synchronizing or not self.params:
+            return
+        flat = torch.cat([self._local_grad(p).reshape(-1) for p in self.params])
+        flat.div_(self.world_size)                         # divide first: the sum of means cannot overflow
+        dist.all_reduce(flat, group=self.group)
+        for param, piece in zip(self.params, flat.split([p.numel() for p in self.params])):
+            param.grad = piece.view_as(param)
+
+
+class OverlapDDP(_DataParallel):
+    """An async all_reduce per parameter, started by a hook as soon as backward has its gradient."""
+
+    def __init__(self, module: nn.Module, group=None, timeline: Timeline | None = None):
+        super().__init__(module, group, timeline)
+        self._works: dict[nn.Parameter, object] = {}       # param -> its in-flight all_reduce, this step
+        self._on_gradient_ready(self._grad_ready)
+
+    def _grad_ready(self, param: nn.Parameter) -> None:
+        if not self._synchronizing:
+            return
+        if param in self._works:
+            raise RuntimeError("backward() ran twice before finish_gradient_synchronization(); for gradient "
+                               "accumulation run the earlier backward passes inside `with model.no_sync():`")
+        self._launch(param, param.grad)
+
+    def _launch(self, param: nn.Parameter, grad: torch.Tensor) -> None:
+        grad.div_(self.world_size)
+        work = dist.all_reduce(grad, group=self.group, async_op=True)
+        _record_when_done(self.timeline, work, f"all_reduce {tuple(param.shape)}")
+        self._works[param] = work
+
+    def finish_gradient_synchronization(self) -> None:
+        if not self._synchronizing:
+            return
+        for param in self.params:                          # unused on this rank: reduce zeros, same order everywhere
+            if param not in self._works:
+                param.grad = self._local_grad(param)
+                self._launch(param, param.grad)
+        for work in self._works.values():
+            work.wait()
+        self._works = {}
+
+
+class _Bucket:
+    """Some parameters' gradients side by side in one flat buffer, reduced in one call."""
+
+    def __init__(self, params: list[nn.Parameter]):
+        self.params = params
+        self.offsets = {}
+        offset = 0
+        for param in params:
+            self.offsets[param] = (offset, offset + param.numel())
+            offset += param.numel()
+        self.buffer = torch.zeros(offset, dtype=params[0].dtype, device=params[0].device)
+        self.ready: set = set()
+        self.work = None
+
+    def piece(self, param: nn.Parameter) -> torch.Tensor:
+        start, stop = self.offsets[param]
+        return self.buffer[start:stop].view_as(param)
+
+
+def assign_buckets(params: list[nn.Parameter], bucket_cap_mb: float) -> list[list[nn.Parameter]]:
+    """Group parameters, last first, into buckets of at most ``bucket_cap_mb`` MiB (a larger parameter
+    gets a bucket of its own); a bucket holds one dtype and device, since it is one flat tensor."""
+    if not bucket_cap_mb > 0:
+        raise ValueError(f"bucket_cap_mb must be > 0 (torch's DDP uses 25), got {bucket_cap_mb!r}")
+    cap_bytes = bucket_cap_mb * 2 ** 20
+    buckets: list[list[nn.Parameter]] = []
+    size = 0
+    for param in reversed(params):                         # backward produces the last layer's grads first
+        nbytes = param.numel() * param.element_size()
+        fits = buckets and size + nbytes <= cap_bytes
+        same_kind = buckets and (buckets[-1][0].dtype, buckets[-1][0].device) == (param.dtype, param.device)
+        if fits and same_kind:
+            buckets[-1].append(param)
+            size += nbytes
+        else:
+            buckets.append([param])
+            size = nbytes
+    return buckets
+
+
+class BucketedDDP(_DataParallel):
+    """Gradients packed into buckets of about ``bucket_cap_mb`` MiB; each full bucket is reduced at once,
+    asynchronously, while backward goes on. Buckets are launched in the same order on every rank."""
+
+    def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, group=None, timeline: Timeline | None = None):
+        super().__init__(module, group, timeline)
+        self.buckets = [_Bucket(params) for params in assign_buckets(self.params, bucket_cap_mb)]
+        self._bucket_of = {param: bucket for bucket in self.buckets for param in bucket.params}
+        self._next = 0                                     # the next bucket to launch
+        self._on_gradient_ready(self._grad_ready)
+
+    def _grad_ready(self, param: nn.Parameter) -> None:
+        if not self._synchronizing:
+            return
+        bucket = self._bucket_of[param]
+        if param in bucket.ready:
+            raise RuntimeError("backward() ran twice before finish_gradient_synchronization(); for gradient "
+                               "accumulation run the earlier backward passes inside `with model.no_sync():`")
+        bucket.piece(param).copy_(param.grad)
+        bucket.ready.add(param)
+        self._launch_full_buckets()
+
+    def _launch_full_buckets(self) -> None:
+        # Strictly in bucket order: had a rank launched bucket 1 before bucket 0, the collectives
+        # would pair up wrongly across ranks.
+        while self._next < len(self.buckets) and len(self.buckets[self._next].ready) == len(self.buckets[self._next].params):
+            bucket = self.buckets[self._next]
+            bucket.buffer.div_(self.world_size)
+            bucket.work = dist.all_reduce(bucket.buffer, group=self.group, async_op=True)
+            _record_when_done(self.timeline, bucket.work, f"bucket {self._next}")
+            self._next += 1
+
+    def finish_gradient_synchronization(self) -> None:
+        if not self._synchronizing:
+            return
+        for bucket in self.buckets[self._next:]:           # parameters backward never reached on this rank
+            for param in bucket.params:
+                if param not in bucket.ready:
+                    bucket.piece(param).copy_(self._local_grad(param))
+                    bucket.ready.add(param)
+        self._launch_full_buckets()
+        for bucket in self.buckets:
+            bucket.work.wait()
+            for param in bucket.params:
+                if param.grad is None:
+                    param.grad = bucket.piece(param).clone()
+                else:
+                    param.grad.copy_(bucket.piece(param))
+            bucket.ready, bucket.work = set(), None
+        self._next = 0
+
+
+VARIANTS = {"naive": NaiveDDP, "flat": FlatDDP, "overlap": OverlapDDP, "bucketed": BucketedDDP}

@@ -1,0 +1,92 @@
+"""Is a data-parallel wrapper right? Train it and compare with one process on the whole batch.
+
+Data-parallel SGD on ``p`` ranks, each taking an equal shard of a global batch, must end at the
+same weights as one process taking the whole batch (the mean of the shards' mean gradients is the
+whole batch's mean gradient). So, after a few steps on the same data from the same start:
+
+    differences = equivalence.compare_with_single_process(lambda m: BucketedDDP(m, 0.001))
+    assert max(differences.values()) < 1e-9
+
+The model is ``AwkwardNet`` unless another is given: the cases that break hand-written DDPs in one
+module (a frozen parameter, tied weights, a parameter forward never uses, a buffer, parameters of
+very different sizes). Everything runs in float64 so that a wrong answer stands out of rounding.
+Used by lab 05's checks, tests/test_ddp.py and benchmarks. Every rank must call it.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from . import replicas
+
+
+class AwkwardNet(nn.Module):
+    """Small, and awkward for a DDP: frozen, tied, unused, a buffer, a large and a tiny parameter."""
+
+    def __init__(self, d_in: int = 12, d_hidden: int = 16, n_classes: int = 5):
+        super().__init__()
+        self.frozen = nn.Linear(d_in, d_hidden)           # requires_grad=False: no gradient, no reduction
+        self.frozen.requires_grad_(False)
+        self.wide = nn.Linear(d_hidden, 4 * d_hidden)     # the largest parameter
+        self.narrow = nn.Linear(4 * d_hidden, d_hidden)
+        self.tied = nn.Linear(d_hidden, d_hidden, bias=False)
+        self.unused = nn.Linear(d_hidden, d_hidden)       # never called in forward: its gradient stays None
+        self.head = nn.Linear(d_hidden, n_classes)
+        self.gain = nn.Parameter(torch.ones(1))           # a one-element parameter
+        self.register_buffer("scale", torch.rand(d_hidden) + 0.5)   # different on each rank until broadcast
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.frozen(x)) * self.scale
+        h = torch.tanh(self.narrow(torch.relu(self.wide(h))))
+        h = torch.tanh(self.tied(h))
+        h = torch.tanh(self.tied(h))                     # the same weight used twice: its gradients add up
+        return self.head(h) * self.gain
+
+
+def global_batches(steps: int, global_batch: int, d_in: int = 12, n_classes: int = 5, seed: int = 1,
+                   dtype: torch.dtype = torch.float64) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The same ``steps`` batches on every rank that calls it (a fixed seed)."""
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(global_batch, d_in, generator=g, dtype=dtype),
+             torch.randint(0, n_classes, (global_batch,), generator=g)) for _ in range(steps)]
+
+
+def _train(model, batches, lr: float, finish=None, rank: int = 0, world_size: int = 1, device=None) -> None:
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    for x, y in batches:
+        shard = slice(rank * len(x) // world_size, (rank + 1) * len(x) // world_size)
+        x, y = x[shard].to(device), y[shard].to(device)
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        if finish is not None:
+            finish()
+        optimizer.step()
+
+
+def compare_with_single_process(wrap, make_model=AwkwardNet, *, steps: int = 4, per_rank_batch: int = 3,
+                                lr: float = 0.1, group=None, device=None) -> dict[str, float]:
+    """Largest absolute difference, per parameter, between ``wrap(model)`` trained on this rank's
+    shards and one process trained on the whole batches. Also checks that the ranks agree.
+
+    The wrapped model starts from a different random initialisation on every rank (the wrapper
+    must broadcast rank 0's); the single-process model starts from rank 0's. ``wrap`` returns the
+    wrapper; its ``finish_gradient_synchronization()`` (if it has one) runs after each backward.
+    """
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    device = torch.device("cpu") if device is None else torch.device(device)
+    batches = global_batches(steps, per_rank_batch * world_size)
+
+    torch.manual_seed(1000)                               # what the group's rank 0 starts from
+    reference = make_model().double().to(device)
+    torch.manual_seed(1000 + rank)                        # a different start on every other rank
+    model = make_model().double().to(device)
+    wrapped = wrap(model)
+    finish = getattr(wrapped, "finish_gradient_synchronization", None)
+    _train(wrapped, batches, lr, finish, rank, world_size, device)
+    _train(reference, batches, lr, device=device)
+
+    replicas.assert_replicas_equal(model, group)
+    trained = dict(model.named_parameters())
+    return {name: (trained[name] - param).abs().max().item() for name, param in reference.named_parameters()}
