@@ -25,7 +25,7 @@ class SumWithoutDividing(ddp.NaiveDDP):
 
     def finish_gradient_synchronization(self):
         for param in self.params:
-            grad = self._local_grad(param)
+            grad = self.local_grad(param)
             dist.all_reduce(grad)
             param.grad = grad
 

@@ -62,8 +62,13 @@ def _record_when_done(timeline: Timeline | None, work, label: str) -> None:
     work.get_future().then(lambda _: timeline.add("communication", label, start, time.perf_counter()))
 
 
-class _DataParallel(nn.Module):
-    """What the four wrappers share: the start-up broadcast, buffers, no_sync and the bookkeeping."""
+class DataParallel(nn.Module):
+    """What the four wrappers share: the start-up broadcast, buffers, ``no_sync`` and the bookkeeping.
+
+    A subclass writes ``finish_gradient_synchronization``; it may use ``self.params`` (the
+    parameters to reduce), ``self.world_size``, ``self.group``, ``self.local_grad(param)`` and
+    ``self.on_gradient_ready(hook)``. Lab 05's exercises subclass it the same way.
+    """
 
     def __init__(self, module: nn.Module, group=None, timeline: Timeline | None = None):
         super().__init__()
@@ -104,7 +109,7 @@ class _DataParallel(nn.Module):
         finally:
             self._synchronizing = True
 
-    def _on_gradient_ready(self, hook) -> None:
+    def on_gradient_ready(self, hook) -> None:
         """Call ``hook(param)`` whenever backward has accumulated a parameter's gradient."""
         for param in self.params:
             param._data_parallel_hook = param.register_post_accumulate_grad_hook(hook)
@@ -118,46 +123,46 @@ class _DataParallel(nn.Module):
                 old.remove()
                 del param._data_parallel_hook
 
-    def _local_grad(self, param: nn.Parameter) -> torch.Tensor:
+    def local_grad(self, param: nn.Parameter) -> torch.Tensor:
         return param.grad if param.grad is not None else torch.zeros_like(param)
 
     def finish_gradient_synchronization(self) -> None:
         raise NotImplementedError
 
 
-class NaiveDDP(_DataParallel):
+class NaiveDDP(DataParallel):
     """One blocking all_reduce per parameter after backward: correct, and as slow as it gets."""
 
     def finish_gradient_synchronization(self) -> None:
         if not self._synchronizing:
             return
         for param in self.params:
-            grad = self._local_grad(param)
+            grad = self.local_grad(param)
             dist.all_reduce(grad, group=self.group)        # the sum over ranks ...
             grad.div_(self.world_size)                     # ... divided: the mean (seed 000 forgot this)
             param.grad = grad
 
 
-class FlatDDP(_DataParallel):
+class FlatDDP(DataParallel):
     """All gradients flattened into one buffer and reduced in one call: one latency, not one per tensor."""
 
     def finish_gradient_synchronization(self) -> None:
         if not self._synchronizing or not self.params:
             return
-        flat = torch.cat([self._local_grad(p).reshape(-1) for p in self.params])
+        flat = torch.cat([self.local_grad(p).reshape(-1) for p in self.params])
         flat.div_(self.world_size)                         # divide first: the sum of means cannot overflow
         dist.all_reduce(flat, group=self.group)
         for param, piece in zip(self.params, flat.split([p.numel() for p in self.params])):
             param.grad = piece.view_as(param)
 
 
-class OverlapDDP(_DataParallel):
+class OverlapDDP(DataParallel):
     """An async all_reduce per parameter, started by a hook as soon as backward has its gradient."""
 
     def __init__(self, module: nn.Module, group=None, timeline: Timeline | None = None):
         super().__init__(module, group, timeline)
         self._works: dict[nn.Parameter, object] = {}       # param -> its in-flight all_reduce, this step
-        self._on_gradient_ready(self._grad_ready)
+        self.on_gradient_ready(self._grad_ready)
 
     def _grad_ready(self, param: nn.Parameter) -> None:
         if not self._synchronizing:
@@ -178,7 +183,7 @@ class OverlapDDP(_DataParallel):
             return
         for param in self.params:                          # unused on this rank: reduce zeros, same order everywhere
             if param not in self._works:
-                param.grad = self._local_grad(param)
+                param.grad = self.local_grad(param)
                 self._launch(param, param.grad)
         for work in self._works.values():
             work.wait()
@@ -225,7 +230,7 @@ def assign_buckets(params: list[nn.Parameter], bucket_cap_mb: float) -> list[lis
     return buckets
 
 
-class BucketedDDP(_DataParallel):
+class BucketedDDP(DataParallel):
     """Gradients packed into buckets of about ``bucket_cap_mb`` MiB; each full bucket is reduced at once,
     asynchronously, while backward goes on. Buckets are launched in the same order on every rank."""
 
@@ -234,7 +239,7 @@ class BucketedDDP(_DataParallel):
         self.buckets = [_Bucket(params) for params in assign_buckets(self.params, bucket_cap_mb)]
         self._bucket_of = {param: bucket for bucket in self.buckets for param in bucket.params}
         self._next = 0                                     # the next bucket to launch
-        self._on_gradient_ready(self._grad_ready)
+        self.on_gradient_ready(self._grad_ready)
 
     def _grad_ready(self, param: nn.Parameter) -> None:
         if not self._synchronizing:
@@ -263,7 +268,7 @@ class BucketedDDP(_DataParallel):
         for bucket in self.buckets[self._next:]:           # parameters backward never reached on this rank
             for param in bucket.params:
                 if param not in bucket.ready:
-                    bucket.piece(param).copy_(self._local_grad(param))
+                    bucket.piece(param).copy_(self.local_grad(param))
                     bucket.ready.add(param)
         self._launch_full_buckets()
         for bucket in self.buckets:

@@ -54,6 +54,7 @@ def global_batches(steps: int, global_batch: int, d_in: int = 12, n_classes: int
 
 
 def _train(model, batches, lr: float, finish=None, rank: int = 0, world_size: int = 1, device=None) -> None:
+    # SGD with momentum: a wrong gradient in one step also shows in every later step.
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     for x, y in batches:
         shard = slice(rank * len(x) // world_size, (rank + 1) * len(x) // world_size)
@@ -65,28 +66,49 @@ def _train(model, batches, lr: float, finish=None, rank: int = 0, world_size: in
         optimizer.step()
 
 
+def start_models(make_model=AwkwardNet, group=None, device=None) -> tuple[nn.Module, nn.Module]:
+    """(this rank's model, the single-process reference), in float64. The group's rank 0 and the
+    reference start from the same weights; every other rank starts elsewhere, so a wrapper that
+    forgets to broadcast rank 0's weights cannot pass."""
+    rank = dist.get_rank(group)
+    torch.manual_seed(1000)
+    reference = make_model().double().to(device)
+    torch.manual_seed(1000 + rank)
+    return make_model().double().to(device), reference
+
+
+def train_data_parallel(wrap, model: nn.Module, batches, *, lr: float = 0.1, group=None, device=None) -> nn.Module:
+    """Train ``wrap(model)`` on this rank's shard of each global batch; returns the wrapper."""
+    wrapped = wrap(model)
+    finish = getattr(wrapped, "finish_gradient_synchronization", None)
+    _train(wrapped, batches, lr, finish, dist.get_rank(group), dist.get_world_size(group), device)
+    return wrapped
+
+
+def train_single_process(model: nn.Module, batches, *, lr: float = 0.1, device=None) -> nn.Module:
+    """Train ``model`` on the whole of each global batch, in this process alone."""
+    _train(model, batches, lr, device=device)
+    return model
+
+
+def differences(model: nn.Module, other: nn.Module) -> dict[str, float]:
+    """Largest absolute difference per parameter between two models of the same class."""
+    theirs = dict(other.named_parameters())
+    return {name: (param - theirs[name]).abs().max().item() for name, param in model.named_parameters()}
+
+
 def compare_with_single_process(wrap, make_model=AwkwardNet, *, steps: int = 4, per_rank_batch: int = 3,
                                 lr: float = 0.1, group=None, device=None) -> dict[str, float]:
     """Largest absolute difference, per parameter, between ``wrap(model)`` trained on this rank's
     shards and one process trained on the whole batches. Also checks that the ranks agree.
 
-    The wrapped model starts from a different random initialisation on every rank (the wrapper
-    must broadcast rank 0's); the single-process model starts from rank 0's. ``wrap`` returns the
-    wrapper; its ``finish_gradient_synchronization()`` (if it has one) runs after each backward.
+    ``wrap`` returns the wrapper; its ``finish_gradient_synchronization()`` (if it has one) runs
+    after each backward, before the optimizer step.
     """
-    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     device = torch.device("cpu") if device is None else torch.device(device)
-    batches = global_batches(steps, per_rank_batch * world_size)
-
-    torch.manual_seed(1000)                               # what the group's rank 0 starts from
-    reference = make_model().double().to(device)
-    torch.manual_seed(1000 + rank)                        # a different start on every other rank
-    model = make_model().double().to(device)
-    wrapped = wrap(model)
-    finish = getattr(wrapped, "finish_gradient_synchronization", None)
-    _train(wrapped, batches, lr, finish, rank, world_size, device)
-    _train(reference, batches, lr, device=device)
-
+    batches = global_batches(steps, per_rank_batch * dist.get_world_size(group))
+    model, reference = start_models(make_model, group, device)
+    train_data_parallel(wrap, model, batches, lr=lr, group=group, device=device)
+    train_single_process(reference, batches, lr=lr, device=device)
     replicas.assert_replicas_equal(model, group)
-    trained = dict(model.named_parameters())
-    return {name: (trained[name] - param).abs().max().item() for name, param in reference.named_parameters()}
+    return differences(reference, model)
