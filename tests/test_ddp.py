@@ -53,29 +53,7 @@ def _bucket_counts_job(rank, world_size):
 
 def _accumulation_job(rank, world_size, variant):
     """Two micro-batches per step, the first inside no_sync(): equals one process on both."""
-    batches = equivalence.global_batches(6, 2 * world_size, seed=7)
-    torch.manual_seed(3)
-    reference = equivalence.AwkwardNet().double()
-    torch.manual_seed(3)
-    model = ddp.VARIANTS[variant](equivalence.AwkwardNet().double())
-    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for first, second in zip(batches[::2], batches[1::2]):
-        opt.zero_grad()
-        ref_opt.zero_grad()
-        for i, (x, y) in enumerate((first, second)):
-            F.cross_entropy(reference(x), y).backward()      # the whole micro-batch in one process
-            mine = slice(rank * 2, rank * 2 + 2)
-            if i == 0:
-                with model.no_sync():
-                    F.cross_entropy(model(x[mine]), y[mine]).backward()
-            else:
-                F.cross_entropy(model(x[mine]), y[mine]).backward()
-        model.finish_gradient_synchronization()
-        opt.step()
-        ref_opt.step()
-    trained = dict(model.module.named_parameters())
-    return max((trained[n] - p).abs().max().item() for n, p in reference.named_parameters())
+    return max(equivalence.compare_with_single_process(ddp.VARIANTS[variant], micro_batches=2).values())
 
 
 def _rewrap_job(rank, world_size):

@@ -66,8 +66,8 @@ class DataParallel(nn.Module):
     """What the four wrappers share: the start-up broadcast, buffers, ``no_sync`` and the bookkeeping.
 
     A subclass writes ``finish_gradient_synchronization``; it may use ``self.params`` (the
-    parameters to reduce), ``self.world_size``, ``self.group``, ``self.local_grad(param)`` and
-    ``self.on_gradient_ready(hook)``. Lab 05's exercises subclass it the same way.
+    parameters to reduce), ``self.world_size``, ``self.group``, ``self.local_grad(param)``,
+    ``self.on_gradient_ready(hook)`` and ``self.synchronizing`` (False inside ``no_sync()``). Lab 05's exercises subclass it the same way.
     """
 
     def __init__(self, module: nn.Module, group=None, timeline: Timeline | None = None):
@@ -78,7 +78,7 @@ class DataParallel(nn.Module):
         self.module, self.group, self.timeline = module, group, timeline
         self.world_size = dist.get_world_size(group)
         self.params = [p for p in module.parameters() if p.requires_grad]  # tied weights appear once
-        self._synchronizing = True
+        self.synchronizing = True
         self._remove_earlier_hooks()
         with torch.no_grad():
             for tensor in list(module.parameters()) + list(module.buffers()):
@@ -103,11 +103,11 @@ class DataParallel(nn.Module):
     @contextmanager
     def no_sync(self):
         """Accumulate gradients locally (gradient accumulation); the next backward outside reduces them."""
-        self._synchronizing = False
+        self.synchronizing = False
         try:
             yield
         finally:
-            self._synchronizing = True
+            self.synchronizing = True
 
     def on_gradient_ready(self, hook) -> None:
         """Call ``hook(param)`` whenever backward has accumulated a parameter's gradient."""
@@ -134,7 +134,7 @@ class NaiveDDP(DataParallel):
     """One blocking all_reduce per parameter after backward: correct, and as slow as it gets."""
 
     def finish_gradient_synchronization(self) -> None:
-        if not self._synchronizing:
+        if not self.synchronizing:
             return
         for param in self.params:
             grad = self.local_grad(param)
@@ -147,7 +147,7 @@ class FlatDDP(DataParallel):
     """All gradients flattened into one buffer and reduced in one call: one latency, not one per tensor."""
 
     def finish_gradient_synchronization(self) -> None:
-        if not self._synchronizing or not self.params:
+        if not self.synchronizing or not self.params:
             return
         flat = torch.cat([self.local_grad(p).reshape(-1) for p in self.params])
         flat.div_(self.world_size)                         # divide first: the sum of means cannot overflow
@@ -165,7 +165,7 @@ class OverlapDDP(DataParallel):
         self.on_gradient_ready(self._grad_ready)
 
     def _grad_ready(self, param: nn.Parameter) -> None:
-        if not self._synchronizing:
+        if not self.synchronizing:
             return
         if param in self._works:
             raise RuntimeError("backward() ran twice before finish_gradient_synchronization(); for gradient "
@@ -179,7 +179,7 @@ class OverlapDDP(DataParallel):
         self._works[param] = work
 
     def finish_gradient_synchronization(self) -> None:
-        if not self._synchronizing:
+        if not self.synchronizing:
             return
         for param in self.params:                          # unused on this rank: reduce zeros, same order everywhere
             if param not in self._works:
@@ -242,7 +242,7 @@ class BucketedDDP(DataParallel):
         self.on_gradient_ready(self._grad_ready)
 
     def _grad_ready(self, param: nn.Parameter) -> None:
-        if not self._synchronizing:
+        if not self.synchronizing:
             return
         bucket = self._bucket_of[param]
         if param in bucket.ready:
@@ -263,7 +263,7 @@ class BucketedDDP(DataParallel):
             self._next += 1
 
     def finish_gradient_synchronization(self) -> None:
-        if not self._synchronizing:
+        if not self.synchronizing:
             return
         for bucket in self.buckets[self._next:]:           # parameters backward never reached on this rank
             for param in bucket.params:

@@ -14,6 +14,8 @@ Used by lab 05's checks, tests/test_ddp.py and benchmarks. Every rank must call 
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -53,14 +55,21 @@ def global_batches(steps: int, global_batch: int, d_in: int = 12, n_classes: int
              torch.randint(0, n_classes, (global_batch,), generator=g)) for _ in range(steps)]
 
 
-def _train(model, batches, lr: float, finish=None, rank: int = 0, world_size: int = 1, device=None) -> None:
-    # SGD with momentum: a wrong gradient in one step also shows in every later step.
+def _train(model, batches, lr: float, finish=None, rank: int = 0, world_size: int = 1, device=None,
+           micro_batches: int = 1) -> None:
+    """SGD with momentum (a wrong gradient in one step shows in every later one). Each step takes
+    ``micro_batches`` batches, accumulating their gradients; all but the last backward run inside
+    the model's ``no_sync()`` when it has one."""
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    for x, y in batches:
-        shard = slice(rank * len(x) // world_size, (rank + 1) * len(x) // world_size)
-        x, y = x[shard].to(device), y[shard].to(device)
+    no_sync = getattr(model, "no_sync", contextlib.nullcontext)
+    for step in range(0, len(batches), micro_batches):
         optimizer.zero_grad()
-        F.cross_entropy(model(x), y).backward()
+        for i, (x, y) in enumerate(batches[step:step + micro_batches]):
+            shard = slice(rank * len(x) // world_size, (rank + 1) * len(x) // world_size)
+            x, y = x[shard].to(device), y[shard].to(device)
+            last = i == micro_batches - 1
+            with contextlib.nullcontext() if last else no_sync():
+                F.cross_entropy(model(x), y).backward()
         if finish is not None:
             finish()
         optimizer.step()
@@ -77,17 +86,19 @@ def start_models(make_model=AwkwardNet, group=None, device=None) -> tuple[nn.Mod
     return make_model().double().to(device), reference
 
 
-def train_data_parallel(wrap, model: nn.Module, batches, *, lr: float = 0.1, group=None, device=None) -> nn.Module:
+def train_data_parallel(wrap, model: nn.Module, batches, *, lr: float = 0.1, group=None, device=None,
+                        micro_batches: int = 1) -> nn.Module:
     """Train ``wrap(model)`` on this rank's shard of each global batch; returns the wrapper."""
     wrapped = wrap(model)
     finish = getattr(wrapped, "finish_gradient_synchronization", None)
-    _train(wrapped, batches, lr, finish, dist.get_rank(group), dist.get_world_size(group), device)
+    _train(wrapped, batches, lr, finish, dist.get_rank(group), dist.get_world_size(group), device, micro_batches)
     return wrapped
 
 
-def train_single_process(model: nn.Module, batches, *, lr: float = 0.1, device=None) -> nn.Module:
+def train_single_process(model: nn.Module, batches, *, lr: float = 0.1, device=None,
+                         micro_batches: int = 1) -> nn.Module:
     """Train ``model`` on the whole of each global batch, in this process alone."""
-    _train(model, batches, lr, device=device)
+    _train(model, batches, lr, device=device, micro_batches=micro_batches)
     return model
 
 
@@ -98,17 +109,18 @@ def differences(model: nn.Module, other: nn.Module) -> dict[str, float]:
 
 
 def compare_with_single_process(wrap, make_model=AwkwardNet, *, steps: int = 4, per_rank_batch: int = 3,
-                                lr: float = 0.1, group=None, device=None) -> dict[str, float]:
+                                lr: float = 0.1, micro_batches: int = 1, group=None, device=None) -> dict[str, float]:
     """Largest absolute difference, per parameter, between ``wrap(model)`` trained on this rank's
     shards and one process trained on the whole batches. Also checks that the ranks agree.
 
     ``wrap`` returns the wrapper; its ``finish_gradient_synchronization()`` (if it has one) runs
-    after each backward, before the optimizer step.
+    after each step's backward passes, before the optimizer step. With ``micro_batches`` > 1 each
+    step accumulates that many batches, all but the last inside ``no_sync()``.
     """
     device = torch.device("cpu") if device is None else torch.device(device)
-    batches = global_batches(steps, per_rank_batch * dist.get_world_size(group))
+    batches = global_batches(steps * micro_batches, per_rank_batch * dist.get_world_size(group))
     model, reference = start_models(make_model, group, device)
-    train_data_parallel(wrap, model, batches, lr=lr, group=group, device=device)
-    train_single_process(reference, batches, lr=lr, device=device)
+    train_data_parallel(wrap, model, batches, lr=lr, group=group, device=device, micro_batches=micro_batches)
+    train_single_process(reference, batches, lr=lr, device=device, micro_batches=micro_batches)
     replicas.assert_replicas_equal(model, group)
     return differences(reference, model)
