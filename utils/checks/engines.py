@@ -70,7 +70,8 @@ def _fresh_group(timeout_s: float) -> bool:
 @contextmanager
 def _spy(recv_dtype: torch.dtype | None = None):
     """Inside the block, on this rank: torch.distributed calls that name no group run on the
-    check's own group, and are counted (with the elements sent).
+    check's own group, and are counted (with the elements sent, and ``"NAME async"`` for calls
+    with ``async_op=True``).
 
     With ``recv_dtype``, a receive into a buffer of another dtype raises a clear TypeError here:
     gloo itself would abort the process when the message arrives.
@@ -87,6 +88,8 @@ def _spy(recv_dtype: torch.dtype | None = None):
         def spy(*args, **kwargs):
             calls[name] = calls.get(name, 0) + 1
             bound = signature.bind_partial(*args, **kwargs)
+            if bound.arguments.get("async_op"):
+                calls[f"{name} async"] = calls.get(f"{name} async", 0) + 1
             if "group" in signature.parameters and bound.arguments.get("group") is None \
                     and _check_group is not None:
                 bound.arguments["group"] = _check_group
@@ -125,15 +128,32 @@ def _learner_traceback(error: BaseException) -> str:
     return "\n".join(lines)
 
 
+class _ByValue:
+    """A class from the notebook, pickled by value with cloudpickle: ipyparallel's own canning
+    recurses forever on a method that calls ``super()`` (its ``__class__`` cell)."""
+
+    def __init__(self, cls: type):
+        import cloudpickle
+
+        self.payload = cloudpickle.dumps(cls)
+
+    def load(self) -> type:
+        import cloudpickle
+
+        return cloudpickle.loads(self.payload)
+
+
 def _on_rank(job, learner_fn, *args):
-    """Run one case on this engine: ('ok', None), ('wrong', message) or ('error', ename, evalue, trace)."""
+    """Run one case on this engine: ('ok', what job returned), ('wrong', message) or ('error', ename, evalue, trace)."""
     try:
-        job(learner_fn, *args)
+        if isinstance(learner_fn, _ByValue):
+            learner_fn = learner_fn.load()
+        result = job(learner_fn, *args)
     except _Wrong as wrong:
         return ("wrong", str(wrong))
     except BaseException as error:  # the learner's code may raise anything; report it in the notebook
         return ("error", type(error).__name__, str(error), _learner_traceback(error))
-    return ("ok", None)
+    return ("ok", result)
 
 
 def _ping():
@@ -199,7 +219,7 @@ def _prepare(workers, fn, name: str) -> None:
     code = ["import torch", "import torch.distributed as dist", "from utils.collectives import chunk_bounds"]
     code += [f"import {v.__name__} as {alias}" for alias, v in used.items() if isinstance(v, types.ModuleType)]
     workers.view.execute("\n".join(code), block=False).wait(10)
-    functions = {alias: v for alias, v in used.items() if isinstance(v, (types.FunctionType, type))}
+    functions = {alias: v for alias, v in used.items() if isinstance(v, types.FunctionType)}
     if functions:
         workers.view.push(functions, block=False).wait(10)
     group = workers.view.apply_async(_fresh_group, _group_timeout(workers))
@@ -216,12 +236,14 @@ def _group_timeout(workers) -> float:
     return min(float(workers.timeout), GROUP_TIMEOUT)
 
 
-def _run_case(workers, name: str, job, fn, args: tuple, case: str, hint: str = "") -> None:
-    """Run ``_on_rank(job, fn, *args)`` on every rank; raise in the notebook if any rank failed."""
+def _run_case(workers, name: str, job, fn, args: tuple, case: str, hint: str = "") -> list:
+    """Run ``_on_rank(job, fn, *args)`` on every rank; raise in the notebook if any rank failed,
+    else return what the job returned on each rank, in rank order."""
     waited_s = _group_timeout(workers)
     limit = waited_s + 10  # a rank blocked in torch.distributed gives up after waited_s
     try:
-        pending = [workers.client[engine].apply_async(_on_rank, job, fn, *args) for engine in workers.view.targets]
+        shipped = _ByValue(fn) if isinstance(fn, type) else fn
+        pending = [workers.client[engine].apply_async(_on_rank, job, shipped, *args) for engine in workers.view.targets]
     except Exception as error:  # the function could not be sent (e.g. it holds something unpicklable)
         expect(False, f"{name}: your function could not be sent to the engines: {type(error).__name__}: {error}")
     deadline = time.monotonic() + limit
@@ -265,6 +287,9 @@ def _run_case(workers, name: str, job, fn, args: tuple, case: str, hint: str = "
     if errors:
         rank, (_, ename, evalue, trace) = errors[0]
         message = f"{name}: on rank {rank}, with {case}, your code raised {ename}: {evalue}{hint}"
+        if "NoneType" in evalue:
+            message += (". A parameter's .grad is None when the parameter is frozen (requires_grad=False) or forward "
+                        "did not use it: skip frozen parameters, and reduce zeros in place of a None gradient")
         if ename == "NameError":
             message += (". Your function runs on the engines: there only torch, dist, chunk_bounds, rank, "
                         "world_size, device, what %%px cells defined, and the notebook's functions and modules "
@@ -286,6 +311,7 @@ def _run_case(workers, name: str, job, fn, args: tuple, case: str, hint: str = "
     wrong = kinds.get("wrong", [])
     if wrong:
         expect(False, f"{name}: {wrong[0][1][1]}{hint}")
+    return [outcome[1] for outcome in outcomes]
 
 
 def _run_cases(workers, name, job, fn, cases, hint_for):
