@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from utils.plotting import plot_against_batch_size, plot_losses, plot_throughput
+from utils.plotting import plot_against_batch_size, plot_losses, plot_throughput, plot_timeline
 from utils.train import History
 
 pytestmark = pytest.mark.usefixtures("close_figures")
@@ -82,3 +82,19 @@ def test_plot_against_batch_size(logy):
     assert ax.get_xscale() == "log" and ax.get_yscale() == ("log" if logy else "linear")
     line, = ax.get_lines()
     assert list(line.get_xdata()) == list(sizes) and list(line.get_ydata()) == values
+
+
+def test_plot_timeline_draws_one_bar_per_span_on_its_lane():
+    spans = [("compute", "forward", 10.0, 10.002), ("compute", "backward", 10.002, 10.006),
+             ("communication", "bucket 0", 10.003, 10.007), ("communication", "bucket 1", 10.005, 10.008)]
+    fig = plot_timeline(spans)
+    ax = fig.axes[0]
+    bars = ax.patches
+    assert len(bars) == 4
+    assert [round(b.get_x(), 6) for b in bars] == [0.0, 2.0, 3.0, 5.0]          # ms from the first start
+    assert [round(b.get_width(), 6) for b in bars] == [2.0, 4.0, 4.0, 3.0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["compute", "communication"]
+    assert bars[2].get_facecolor() == bars[3].get_facecolor() != bars[0].get_facecolor()
+    assert "ms" in ax.get_xlabel()
+    with pytest.raises(ValueError, match="Timeline"):
+        plot_timeline([])

@@ -36,7 +36,7 @@ from torch import nn
 
 
 class Timeline:
-    """Spans of time on named lanes ("compute", "communication"), for a Gantt chart of one step."""
+    """Spans of time on named lanes ("compute", "bucket 0", ...), for a Gantt chart of one step."""
 
     def __init__(self):
         self.origin = time.perf_counter()
@@ -54,12 +54,13 @@ class Timeline:
             self.add(lane, label, start, time.perf_counter())
 
 
-def _record_when_done(timeline: Timeline | None, work, label: str) -> None:
-    """Record an async collective's span, from now to when its future completes."""
+def _record_when_done(timeline: Timeline | None, work, lane: str) -> None:
+    """Record an async all_reduce on a lane of its own, from its launch to when its future completes
+    (time spent queued behind earlier collectives included)."""
     if timeline is None:
         return
     start = time.perf_counter()
-    work.get_future().then(lambda _: timeline.add("communication", label, start, time.perf_counter()))
+    work.get_future().then(lambda _: timeline.add(lane, "all_reduce", start, time.perf_counter()))
 
 
 class DataParallel(nn.Module):
@@ -175,7 +176,7 @@ class OverlapDDP(DataParallel):
     def _launch(self, param: nn.Parameter, grad: torch.Tensor) -> None:
         grad.div_(self.world_size)
         work = dist.all_reduce(grad, group=self.group, async_op=True)
-        _record_when_done(self.timeline, work, f"all_reduce {tuple(param.shape)}")
+        _record_when_done(self.timeline, work, f"grad {tuple(param.shape)}")
         self._works[param] = work
 
     def finish_gradient_synchronization(self) -> None:
@@ -280,6 +281,35 @@ class BucketedDDP(DataParallel):
                     param.grad.copy_(bucket.piece(param))
             bucket.ready, bucket.work = set(), None
         self._next = 0
+
+
+def step_time(wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int = 10, warmup: int = 3,
+              lr: float = 0.1, group=None) -> float:
+    """Median seconds of one SGD step of ``wrapped`` on this rank's batch ``(x, y)``: the slowest
+    rank's, since a data-parallel step is over only when every rank is. Every rank must call it.
+
+    A barrier lines the ranks up before each step, so no rank is timed waiting for a late one;
+    on CUDA the device is synchronised before the clock stops. ``wrapped`` may be any module:
+    a DDP wrapper of this file, torch's DDP, or a bare model (no communication at all).
+    """
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=lr)
+    finish = getattr(wrapped, "finish_gradient_synchronization", None)
+    times = []
+    for _ in range(warmup + steps):
+        dist.barrier(group=group)
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(wrapped(x), y).backward()
+        if finish is not None:
+            finish()
+        optimizer.step()
+        if x.is_cuda:
+            torch.cuda.synchronize(x.device)
+        times.append(time.perf_counter() - start)
+    median = torch.tensor(sorted(times[warmup:])[steps // 2], dtype=torch.float64,
+                          device=x.device if dist.get_backend(group) == "nccl" else "cpu")
+    dist.all_reduce(median, op=dist.ReduceOp.MAX, group=group)
+    return median.item()
 
 
 VARIANTS = {"naive": NaiveDDP, "flat": FlatDDP, "overlap": OverlapDDP, "bucketed": BucketedDDP}

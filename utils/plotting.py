@@ -64,3 +64,27 @@ def plot_against_batch_size(batch_sizes: Sequence[int], values: Sequence[float],
     ax.set_title(title or f"{ylabel} against batch size")
     fig.tight_layout()
     return fig
+
+
+def plot_timeline(spans: Sequence[tuple[str, str, float, float]], ax=None, title: str | None = None):
+    """A Gantt chart of one step: ``(lane, label, start s, end s)`` spans (``utils.ddp.Timeline``),
+    one row per lane, times in milliseconds from the earliest start. Lab 05 draws it."""
+    if not spans:
+        raise ValueError("no spans to draw: record a step with a utils.ddp.Timeline first")
+    lanes = list(dict.fromkeys(lane for lane, *_ in spans))
+    origin = min(start for *_, start, _ in spans)
+    fig, ax = _axes(ax, figsize=(10, 0.9 + 0.7 * len(lanes)))
+    colours = {}
+    for lane, label, start, end in spans:
+        kind = label.split()[0]                     # "bucket 3" and "bucket 4" share a colour
+        colour = colours.setdefault(kind, f"C{len(colours)}")
+        row = lanes.index(lane)
+        ax.barh(row, (end - start) * 1e3, left=(start - origin) * 1e3, height=0.6, color=colour,
+                edgecolor="black", linewidth=0.5, alpha=0.85)
+        ax.text((start + end - 2 * origin) / 2 * 1e3, row, label, ha="center", va="center", fontsize=7, clip_on=True)
+    ax.set_yticks(range(len(lanes)), lanes)
+    ax.invert_yaxis()
+    ax.set_xlabel("time from the start of the step (ms)")
+    ax.set_title(title or "One training step")
+    fig.tight_layout()
+    return fig
