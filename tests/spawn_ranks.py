@@ -1,4 +1,4 @@
-"""Spawn real gloo ranks for a test: ``run_ranks(job, world_size, *args)`` returns each rank's result.
+"""Spawn real gloo (or nccl) ranks for a test: ``run_ranks(job, world_size, *args)`` returns each rank's result.
 
 Nothing can hang: workers have a gloo timeout, the parent a deadline, and pytest-timeout a last
 resort. A job must be importable (a module-level function of a test module).
@@ -23,10 +23,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world_size, port, job, args, results):
+def _worker(rank, world_size, port, job, args, results, backend):
     try:
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+        if backend == "nccl":
+            torch.cuda.set_device(rank)        # one GPU per rank
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=60))
         try:
             results.put(("ok", rank, job(rank, world_size, *args)))
@@ -36,12 +38,13 @@ def _worker(rank, world_size, port, job, args, results):
         results.put(("error", rank, traceback.format_exc()))
 
 
-def run_ranks(job, world_size, *args, deadline_s=75.0):
-    """``job(rank, world_size, *args)`` on ``world_size`` spawned gloo ranks; results in rank order."""
+def run_ranks(job, world_size, *args, deadline_s=75.0, backend="gloo"):
+    """``job(rank, world_size, *args)`` on ``world_size`` spawned ranks (gloo, or nccl with one GPU
+    each); results in rank order."""
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, job, args, results), daemon=True)
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, job, args, results, backend), daemon=True)
              for r in range(world_size)]
     for proc in procs:
         proc.start()

@@ -127,6 +127,23 @@ def test_nccl_without_gpu_says_to_use_gloo():
         cluster.start(2, backend="nccl")
 
 
+@interactive
+def _cuda_all_reduce():
+    x = torch.ones(3, device=device) * (rank + 1)
+    dist.all_reduce(x)
+    return str(x.device), dist.get_backend(), x.tolist()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_nccl_engines_get_a_gpu_each_and_reduce_on_it(clean):
+    n = min(torch.cuda.device_count(), 2)
+    workers = cluster.start(n, backend="nccl", activate=False)
+    results = workers.run(_cuda_all_reduce)
+    total = n * (n + 1) / 2
+    assert results == [(f"cuda:{r}", "nccl", [total] * 3) for r in range(n)]
+    cluster.stop()
+
+
 def test_port_in_use_is_reported(clean):
     with socket.socket() as busy:
         busy.bind(("", 0))

@@ -102,6 +102,26 @@ def test_every_wrapper_matches_one_process_on_awkward_models(world_size):
         assert results["sum without dividing"] > 1e-3, results
 
 
+def _nccl_job(rank, world_size):
+    device = torch.device("cuda", rank)
+    results = {name: max(equivalence.compare_with_single_process(wrap, device=device).values())
+               for name, wrap in _wrappers().items() if name != "torch DDP"}
+    model = ddp.BucketedDDP(equivalence.AwkwardNet().to(device), bucket_cap_mb=1e-6)
+    x, y = equivalence.global_batches(1, 2, dtype=torch.float32)[0]
+    seconds = ddp.step_time(model, x.to(device), y.to(device), steps=2, warmup=1)
+    return results, seconds
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.timeout(300)
+def test_every_wrapper_matches_one_process_on_nccl_gpus():
+    world_size = min(torch.cuda.device_count(), 4)   # nccl needs a GPU of its own per rank
+    for rank, (results, seconds) in enumerate(run_ranks(_nccl_job, world_size, backend="nccl", deadline_s=240)):
+        wrong = {name: d for name, d in results.items() if d > TOLERANCE}
+        assert not wrong, f"rank {rank} of {world_size} (nccl): weights differ from one process by {wrong}"
+        assert seconds > 0
+
+
 def test_bucket_caps_span_one_parameter_per_bucket_to_one_bucket():
     counts, trainable = run_ranks(_bucket_counts_job, 2)[0]
     assert counts[1e-6] == trainable          # frozen parameters are left out; tied weights counted once
