@@ -104,8 +104,9 @@ class Workers:
         stop()
 
 
-def _default_backend() -> str:
-    return "nccl" if torch.cuda.is_available() else "gloo"
+def _default_backend(n: int) -> str:
+    # nccl needs a GPU of its own per engine; with fewer GPUs than engines gloo still runs (on CPUs).
+    return "nccl" if torch.cuda.device_count() >= n else "gloo"
 
 
 def _check_settings(n: int, backend: str, engines: str) -> None:
@@ -206,7 +207,7 @@ def start(n: int = 2, *, backend: str | None = None, engines: str = "local", tim
           launcher_config: dict | None = None, **cluster_options) -> Workers:
     """Start ``n`` engines with torch.distributed initialised on each, or return the running ones.
 
-    backend: ``gloo`` (CPU) or ``nccl`` (one GPU per engine); default nccl when CUDA is present.
+    backend: ``gloo`` (CPU) or ``nccl`` (one GPU per engine); default nccl when there is a GPU per engine.
     engines: ipyparallel's launcher: ``local``, ``mpi`` (mpiexec), ``ssh`` or ``slurm``. Settings of
       the launcher classes go in ``launcher_config``, e.g.
       ``{"SSHEngineSetLauncher": {"engines": {"node1": 2, "node2": 2}}}``; other keyword
@@ -219,7 +220,7 @@ def start(n: int = 2, *, backend: str | None = None, engines: str = "local", tim
     activate: register ``%%px`` and ``%px`` for these engines.
     """
     global _running
-    backend = backend or _default_backend()
+    backend = backend or _default_backend(n)
     _check_settings(n, backend, engines)
     if _running is not None:
         same = (_running.n, _running.backend, _running.engines) == (n, backend, engines)
