@@ -196,18 +196,17 @@ class _Bucket:
 
     def __init__(self, params: list[nn.Parameter]):
         self.params = params
-        self.offsets = {}
-        offset = 0
-        for param in params:
-            self.offsets[param] = (offset, offset + param.numel())
-            offset += param.numel()
-        self.buffer = torch.zeros(offset, dtype=params[0].dtype, device=params[0].device)
+        self.buffer = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+        pieces = self.buffer.split([p.numel() for p in params])
+        self.pieces = {param: piece.view_as(param) for param, piece in zip(params, pieces)}
         self.ready: set = set()
         self.work = None
 
-    def piece(self, param: nn.Parameter) -> torch.Tensor:
-        start, stop = self.offsets[param]
-        return self.buffer[start:stop].view_as(param)
+    def put(self, param: nn.Parameter, grad: torch.Tensor) -> None:
+        piece = self.pieces[param]
+        if grad.data_ptr() != piece.data_ptr():           # after the first step .grad may be the piece itself
+            piece.copy_(grad)
+        self.ready.add(param)
 
 
 def assign_buckets(params: list[nn.Parameter], bucket_cap_mb: float) -> list[list[nn.Parameter]]:
@@ -249,8 +248,7 @@ class BucketedDDP(DataParallel):
         if param in bucket.ready:
             raise RuntimeError("backward() ran twice before finish_gradient_synchronization(); for gradient "
                                "accumulation run the earlier backward passes inside `with model.no_sync():`")
-        bucket.piece(param).copy_(param.grad)
-        bucket.ready.add(param)
+        bucket.put(param, param.grad)
         self._launch_full_buckets()
 
     def _launch_full_buckets(self) -> None:
@@ -269,17 +267,13 @@ class BucketedDDP(DataParallel):
         for bucket in self.buckets[self._next:]:           # parameters backward never reached on this rank
             for param in bucket.params:
                 if param not in bucket.ready:
-                    bucket.piece(param).copy_(self.local_grad(param))
-                    bucket.ready.add(param)
+                    bucket.put(param, self.local_grad(param))
         self._launch_full_buckets()
         for bucket in self.buckets:
             bucket.work.wait()
             for param in bucket.params:
-                if param.grad is None:
-                    param.grad = bucket.piece(param).clone()
-                else:
-                    param.grad.copy_(bucket.piece(param))
-            bucket.ready, bucket.work = set(), None
+                param.grad = bucket.pieces[param]          # a view of the bucket: no copy back (torch's
+            bucket.ready, bucket.work = set(), None        # gradient_as_bucket_view); zero_grad() clears it
         self._next = 0
 
 
