@@ -56,6 +56,20 @@ def _accumulation_job(rank, world_size, variant):
     return max(equivalence.compare_with_single_process(ddp.VARIANTS[variant], micro_batches=2).values())
 
 
+def _zero_in_place_job(rank, world_size, variant):
+    """zero_grad(set_to_none=False) keeps last step's .grad tensors (BucketedDDP's are bucket views)."""
+    batches = equivalence.global_batches(4, 3 * world_size)
+    model, reference = equivalence.start_models()
+    equivalence.train_data_parallel(ddp.VARIANTS[variant], model, batches, set_to_none=False)
+    equivalence.train_single_process(reference, batches)
+    return max(equivalence.differences(reference, model).values())
+
+
+@pytest.mark.parametrize("variant", sorted(ddp.VARIANTS))
+def test_gradients_zeroed_in_place_between_steps(variant):
+    assert max(run_ranks(_zero_in_place_job, 2, variant)) < TOLERANCE
+
+
 def _rewrap_job(rank, world_size):
     """Wrapping the same model twice (a re-run cell) leaves one set of hooks: one reduction per step."""
     torch.manual_seed(0)

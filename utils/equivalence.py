@@ -56,14 +56,14 @@ def global_batches(steps: int, global_batch: int, d_in: int = 12, n_classes: int
 
 
 def _train(model, batches, lr: float, finish=None, rank: int = 0, world_size: int = 1, device=None,
-           micro_batches: int = 1) -> None:
+           micro_batches: int = 1, set_to_none: bool = True) -> None:
     """SGD with momentum (a wrong gradient in one step shows in every later one). Each step takes
     ``micro_batches`` batches, accumulating their gradients; all but the last backward run inside
     the model's ``no_sync()`` when it has one."""
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     no_sync = getattr(model, "no_sync", contextlib.nullcontext)
     for step in range(0, len(batches), micro_batches):
-        optimizer.zero_grad()
+        optimizer.zero_grad(set_to_none=set_to_none)
         for i, (x, y) in enumerate(batches[step:step + micro_batches]):
             shard = slice(rank * len(x) // world_size, (rank + 1) * len(x) // world_size)
             x, y = x[shard].to(device), y[shard].to(device)
@@ -87,11 +87,13 @@ def start_models(make_model=AwkwardNet, group=None, device=None) -> tuple[nn.Mod
 
 
 def train_data_parallel(wrap, model: nn.Module, batches, *, lr: float = 0.1, group=None, device=None,
-                        micro_batches: int = 1) -> nn.Module:
-    """Train ``wrap(model)`` on this rank's shard of each global batch; returns the wrapper."""
+                        micro_batches: int = 1, set_to_none: bool = True) -> nn.Module:
+    """Train ``wrap(model)`` on this rank's shard of each global batch; returns the wrapper.
+    ``set_to_none=False`` zeroes the gradients in place between steps instead of dropping them."""
     wrapped = wrap(model)
     finish = getattr(wrapped, "finish_gradient_synchronization", None)
-    _train(wrapped, batches, lr, finish, dist.get_rank(group), dist.get_world_size(group), device, micro_batches)
+    _train(wrapped, batches, lr, finish, dist.get_rank(group), dist.get_world_size(group), device, micro_batches,
+           set_to_none)
     return wrapped
 
 
