@@ -2,5 +2,7 @@
 
 config (settings from the environment), data, models, train, perf (FLOPs and peak),
 plotting, checks (exercise checks), release (learner edition), course (run notebooks),
-cluster (ipyparallel engines with torch.distributed), watchdog, collectives, export (torchrun).
+cluster (ipyparallel engines with torch.distributed), watchdog, collectives, export (torchrun),
+replicas (are the ranks' models equal; metrics over ranks), ddp (data parallelism from scratch),
+equivalence (a data-parallel wrapper against one process on the whole batch).
 """
