@@ -57,6 +57,22 @@ def _require_process_group(group=None) -> None:
                          "ranks that dist.new_group(ranks) was given")
 
 
+SEGMENT_BYTES = 1 << 20   # a chunk travels in pieces of 1 MiB, so additions overlap transfers
+_receive_buffers: dict = {}
+
+
+def _receive_buffer(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A scratch tensor of ``numel`` elements, reused by later calls (grown when too small)."""
+    buffer = _receive_buffers.get((dtype, device))
+    if buffer is None or buffer.numel() < numel:
+        buffer = _receive_buffers[(dtype, device)] = torch.empty(numel, dtype=dtype, device=device)
+    return buffer[:numel]
+
+
+def _pieces(start: int, stop: int, size: int) -> list[tuple[int, int]]:
+    return [(a, min(a + size, stop)) for a in range(start, stop, size)]
+
+
 def ring_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """Sum ``tensor`` over all ranks of ``group`` (default: the default group), in place; returns it.
 
@@ -85,31 +101,33 @@ def ring_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
     flat = (tensor.detach() if contiguous else tensor.detach().contiguous()).view(-1)
     bounds = chunk_bounds(flat.numel(), p)
     # Hazard: an isend reads its buffer until its wait() returns, and an irecv writes its buffer
-    # until then. Receiving into the chunk that is being sent (or reduced) would let the incoming
-    # bytes overwrite data that is still on its way out, or our own contribution before it is
-    # added: a race whose result depends on timing. So every step receives into this separate
-    # buffer, waits for both requests, and only then touches the tensor.
-    incoming = torch.empty(bounds[0][1] - bounds[0][0], dtype=flat.dtype, device=flat.device)
+    # until then. Receiving into the chunk that is being reduced would let the incoming bytes
+    # overwrite our own contribution before it is added: a race whose result depends on timing.
+    # So the reduce-scatter receives into a separate buffer (kept between calls: allocating and
+    # page-faulting a fresh one cost as much as the transfer). The all-gather receives straight
+    # into the tensor: the chunk it receives is never the one it is sending.
+    incoming = _receive_buffer(bounds[0][1] - bounds[0][0], flat.dtype, flat.device)
+    piece = max(1, SEGMENT_BYTES // flat.element_size())
 
     def step(send_chunk: int, recv_chunk: int, reduce: bool) -> None:
         s0, s1 = bounds[send_chunk]
         r0, r1 = bounds[recv_chunk]
-        # Both requests are posted before waiting on either. Blocking send-then-recv on every rank
-        # at once can deadlock (each rank waits for a receiver that is itself still sending).
-        # Empty chunks (numel < p) are skipped on both sides: sender and receiver compute the
-        # same bounds, so they agree on which messages exist.
-        requests = []
-        if s1 > s0:
-            requests.append(dist.isend(flat[s0:s1], right, group=group))
-        if r1 > r0:
-            requests.append(dist.irecv(incoming[:r1 - r0], left, group=group))
-        for request in requests:
+        # Every message of the step is posted before waiting on any: blocking send-then-recv on
+        # every rank at once can deadlock (each rank waits for a receiver that is itself still
+        # sending). Chunks travel in pieces of SEGMENT_BYTES, tagged by their index, so the
+        # addition of one piece overlaps the transfer of the next. Sender and receiver cut the same
+        # chunk_bounds the same way, so they agree on every message; an empty chunk sends none.
+        sends = [dist.isend(flat[a:b], right, group=group, tag=i) for i, (a, b) in enumerate(_pieces(s0, s1, piece))]
+        target = incoming if reduce else flat
+        offset = r0 if reduce else 0
+        receives = [(a, b, dist.irecv(target[a - offset:b - offset], left, group=group, tag=i))
+                    for i, (a, b) in enumerate(_pieces(r0, r1, piece))]
+        for a, b, request in receives:
             request.wait()
-        if r1 > r0:
             if reduce:
-                flat[r0:r1] += incoming[:r1 - r0]
-            else:
-                flat[r0:r1].copy_(incoming[:r1 - r0])
+                flat[a:b] += incoming[a - r0:b - r0]
+        for request in sends:
+            request.wait()
 
     # Reduce-scatter: at step s rank r sends chunk (r - s) and receives chunk (r - s - 1), which
     # its left neighbour sent as "its" (r-1) - s. After p-1 steps chunk (r+1) % p is complete.
