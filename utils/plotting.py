@@ -66,6 +66,9 @@ def plot_against_batch_size(batch_sizes: Sequence[int], values: Sequence[float],
     return fig
 
 
+_TIMELINE_KINDS = ("zero_grad", "forward", "backward", "wait", "step", "all_reduce")
+
+
 def plot_timeline(spans: Sequence[tuple[str, str, float, float]], ax=None, title: str | None = None):
     """A Gantt chart of one step: ``(lane, label, start s, end s)`` spans (``utils.ddp.Timeline``),
     one row per lane, times in milliseconds from the earliest start. Lab 05 draws it."""
@@ -74,10 +77,10 @@ def plot_timeline(spans: Sequence[tuple[str, str, float, float]], ax=None, title
     lanes = list(dict.fromkeys(lane for lane, *_ in spans))
     origin = min(start for *_, start, _ in spans)
     fig, ax = _axes(ax, figsize=(10, 0.9 + 0.7 * len(lanes)))
-    colours = {}
+    colours = {kind: f"C{i}" for i, kind in enumerate(_TIMELINE_KINDS)}   # the same in every figure
     for lane, label, start, end in spans:
         kind = label.split()[0]                     # "bucket 3" and "bucket 4" share a colour
-        colour = colours.setdefault(kind, f"C{len(colours)}")
+        colour = colours.setdefault(kind, f"C{len(colours) % 10}")
         row = lanes.index(lane)
         ax.barh(row, (end - start) * 1e3, left=(start - origin) * 1e3, height=0.6, color=colour,
                 edgecolor="black", linewidth=0.5, alpha=0.85)
