@@ -16,7 +16,7 @@ ranks of the local gradients, so that each rank takes the same optimizer step.
                    gradient is ready, so communication overlaps the rest of backward.
 - ``BucketedDDP``: gradients copied into buckets of about ``bucket_cap_mb``, in reverse order of
                    the parameters (roughly the order backward produces them); each bucket is reduced
-                   asynchronously as soon as it is full (Li et al., VLDB 2020, section 3.2.3).
+                   asynchronously as soon as it is full (Li et al., VLDB 2020, section 3.2).
 
 Choices (the same in all four): a parameter that received no gradient on this rank (unused in
 forward) takes part as zeros, so every rank always runs the same collectives, and it ends with the
@@ -68,7 +68,8 @@ class DataParallel(nn.Module):
 
     A subclass writes ``finish_gradient_synchronization``; it may use ``self.params`` (the
     parameters to reduce), ``self.world_size``, ``self.group``, ``self.local_grad(param)``,
-    ``self.on_gradient_ready(hook)`` and ``self.synchronizing`` (False inside ``no_sync()``). Lab 05's exercises subclass it the same way.
+    ``self.on_gradient_ready(hook)`` and ``self.synchronizing`` (False inside ``no_sync()``).
+    Lab 05's exercises subclass it the same way.
     """
 
     def __init__(self, module: nn.Module, group=None, timeline: Timeline | None = None):
@@ -125,6 +126,8 @@ class DataParallel(nn.Module):
                 del param._data_parallel_hook
 
     def local_grad(self, param: nn.Parameter) -> torch.Tensor:
+        """This rank's gradient of ``param``, or zeros if backward gave it none (every rank must
+        still take part in its reduction)."""
         return param.grad if param.grad is not None else torch.zeros_like(param)
 
     def finish_gradient_synchronization(self) -> None:
