@@ -31,7 +31,12 @@ def _worker(rank, world_size, port, job, args, results, backend):
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=60))
         try:
-            results.put(("ok", rank, job(rank, world_size, *args)))
+            result = job(rank, world_size, *args)
+            # Rank 0 hosts the rendezvous store: had it torn its group down while another rank was
+            # still setting up a subgroup (dist.new_group returns early on non-members), that rank
+            # would lose its connection. So every rank finishes before any leaves.
+            dist.barrier()
+            results.put(("ok", rank, result))
         finally:
             dist.destroy_process_group()
     except BaseException:
