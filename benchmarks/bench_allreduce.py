@@ -20,10 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import multiprocessing
 import os
-import queue
-import socket
 import statistics
 import sys
 import time
@@ -39,6 +36,7 @@ from utils.collectives import bus_bandwidth, ring_all_reduce, time_collective  #
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import machine as machine_info  # noqa: E402
+import spawn  # noqa: E402
 
 MIB = 1 << 20
 
@@ -79,38 +77,6 @@ def worker(rank, world_size, port, sizes, rounds, quick, results):
         results.put(("ok", rank, rows))
     except BaseException:
         results.put(("error", rank, traceback.format_exc()))
-
-
-def run_world(world_size, sizes, rounds, quick, timeout_s=600.0) -> list[dict]:
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = [ctx.Process(target=worker, args=(r, world_size, port, sizes, rounds, quick, results), daemon=True)
-             for r in range(world_size)]
-    for proc in procs:
-        proc.start()
-    reports, end = {}, time.monotonic() + timeout_s
-    try:
-        while len(reports) < world_size:
-            try:
-                status, rank, value = results.get(timeout=1.0)
-            except queue.Empty:
-                if time.monotonic() > end or any(p.exitcode not in (None, 0) for p in procs):
-                    raise SystemExit(f"world size {world_size}: workers failed or timed out; reports: {reports}")
-                continue
-            if status == "error":
-                raise SystemExit(f"world size {world_size}, rank {rank} failed:\n{value}")
-            reports[rank] = value
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
-    return reports[0]  # every rank holds the same numbers after the MAX all-reduce
-
-
 
 
 def size_label(n_bytes: int) -> str:
@@ -163,7 +129,7 @@ def main() -> None:
           f"{info['system']}; load average before: {info['load_average']}", flush=True)
     start, rows = time.perf_counter(), []
     for world_size in args.world_sizes:
-        rows += run_world(world_size, sizes, args.rounds, args.quick)
+        rows += spawn.run_world(worker, world_size, (sizes, args.rounds, args.quick), deadline_s=600.0)
         print(f"  {world_size} ranks done ({time.perf_counter() - start:.0f} s)", flush=True)
     info["load_average_after"] = [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None
     met, sentence = verdict(rows)

@@ -41,10 +41,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import multiprocessing
 import os
-import queue
-import socket
 import statistics
 import sys
 import time
@@ -64,6 +61,7 @@ from utils.replicas import assert_replicas_equal  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import machine as machine_info  # noqa: E402
+import spawn  # noqa: E402
 
 MODELS = {  # MLP keyword arguments
     "lab-01": dict(n_layers=4, d_in=1024, d_hidden=256, n_classes=32),
@@ -205,41 +203,6 @@ def add_ratios(rows: list[dict]) -> None:
         r["round_ratios_vs_ddp"] = [bm / vm for bm, vm in zip(b["round_medians_ms"], r["round_medians_ms"])]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def run_world(world_size: int, settings: dict, deadline_s: float) -> dict:
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=worker, args=(r, world_size, port, settings, results), daemon=True)
-             for r in range(world_size)]
-    for proc in procs:
-        proc.start()
-    reports, end = {}, time.monotonic() + deadline_s
-    try:
-        while len(reports) < world_size:
-            try:
-                status, rank, value = results.get(timeout=1.0)
-            except queue.Empty:
-                if time.monotonic() > end or any(p.exitcode not in (None, 0) for p in procs):
-                    raise SystemExit(f"world size {world_size}: workers failed or timed out "
-                                     f"(exit codes {[p.exitcode for p in procs]}); reports from ranks {sorted(reports)}")
-                continue
-            if status == "error":
-                raise SystemExit(f"world size {world_size}, rank {rank} failed:\n{value}")
-            reports[rank] = value
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
-    return reports[0]   # every rank holds the same (MAX-reduced) times
-
-
 def markdown(rows: list[dict]) -> str:
     lines = ["| ranks | model | variant | median step (ms) | samples/s | vs torch DDP | per-round range |",
              "|---:|---|---|---:|---:|---:|---:|"]
@@ -306,7 +269,7 @@ def main(argv=None) -> dict:
     for world_size in args.world_sizes:
         # Nothing hangs: gloo times out each collective, and this deadline catches the rest.
         left = max(0.0, args.max_seconds - (time.perf_counter() - began))
-        report = run_world(world_size, settings, deadline_s=max(600.0, 3 * left))
+        report = spawn.run_world(worker, world_size, (settings,), deadline_s=max(600.0, 3 * left))
         rows += report["rows"]
         if report["stopped_early"]:
             stops.append(f"--max-seconds {args.max_seconds:g} reached: {world_size} ranks ran "

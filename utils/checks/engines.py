@@ -52,18 +52,23 @@ class _Wrong(Exception):
 
 # --- on the engines ------------------------------------------------------------------------
 
-def _fresh_group(timeout_s: float) -> bool:
-    """On every engine: a new process group of all ranks, for the next check's calls."""
-    global _check_group
+def _renew_group(old, timeout_s: float):
+    """On every engine: destroy ``old`` (if any) and return a new process group of all ranks."""
     import torch.distributed as dist
 
-    old, _check_group = _check_group, None
     if old is not None:
         try:
             dist.destroy_process_group(old)
         except Exception:
             pass  # a group broken by a timeout is dropped all the same
-    _check_group = dist.new_group(timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.new_group(timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _fresh_group(timeout_s: float) -> bool:
+    """On every engine: a new process group of all ranks, for the next check's calls."""
+    global _check_group
+    old, _check_group = _check_group, None
+    _check_group = _renew_group(old, timeout_s)
     return True
 
 

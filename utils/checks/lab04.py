@@ -18,7 +18,7 @@ import time
 import torch
 
 from . import exercise, expect
-from .engines import _Wrong, _prepare, _run_cases, _spy
+from .engines import _Wrong, _prepare, _renew_group, _run_cases, _spy
 
 GROUP_TIMEOUT = 10.0  # seconds a rank of the check's own groups waits for the others
 _RESTART = ("Start a fresh cluster: run `cluster.stop()`, then re-run the Setup cell and the cells after it "
@@ -31,17 +31,8 @@ def _fresh_verify_group(timeout_s: float) -> bool:
     """On every engine: a new group for the check's own collectives, apart from the one the learner's
     calls run on, so that a learner who skips a collective cannot pair it with one of the check's."""
     global _verify_group
-    import datetime
-
-    import torch.distributed as dist
-
     old, _verify_group = _verify_group, None
-    if old is not None:
-        try:
-            dist.destroy_process_group(old)
-        except Exception:
-            pass  # a group broken by a timeout is dropped all the same
-    _verify_group = dist.new_group(timeout=datetime.timedelta(seconds=timeout_s))
+    _verify_group = _renew_group(old, timeout_s)
     return True
 
 
