@@ -13,7 +13,7 @@ Target: the ring reaches >= 0.8x gloo's bus bandwidth from 1 MiB up. Below that,
 dominates: the ring pays 2(p-1) Python-level isend/irecv round trips per call.
 
     .venv/bin/python benchmarks/bench_allreduce.py [--world-sizes 2 4] [--rounds R]
-        [--max-bytes N] [--quick] [--json PATH]
+        [--max-bytes N] [--segment-bytes B] [--quick] [--json PATH]
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from utils import collectives  # noqa: E402
 from utils.collectives import bus_bandwidth, ring_all_reduce, time_collective  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -48,8 +49,10 @@ def repeats_for(n_bytes: int, quick: bool) -> int:
     return 30 if n_bytes < MIB else 10 if n_bytes < 16 * MIB else 4
 
 
-def worker(rank, world_size, port, sizes, rounds, quick, results):
+def worker(rank, world_size, port, sizes, rounds, quick, segment_bytes, results):
     try:
+        if segment_bytes:
+            collectives.SEGMENT_BYTES = segment_bytes
         torch.set_num_threads(1)  # one core's worth per rank: the ranks share the machine's cores
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world_size, timeout=datetime.timedelta(seconds=120))
@@ -116,6 +119,8 @@ def main() -> None:
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--max-bytes", type=int, default=64 * MIB, help="largest message (default 64 MiB)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per size (default 5)")
+    parser.add_argument("--segment-bytes", type=int, default=0,
+                        help="the ring's piece size (default: utils.collectives.SEGMENT_BYTES)")
     parser.add_argument("--quick", action="store_true", help="sanity run: 2 ranks, up to 1 MiB, 1 round")
     parser.add_argument("--json", type=Path, help="write every number and the machine to this file")
     args = parser.parse_args()
@@ -125,11 +130,13 @@ def main() -> None:
         parser.error("world sizes must be >= 2, --rounds >= 1 and --max-bytes >= 1024")
     sizes = [1024 * 4 ** k for k in range(12) if 1024 * 4 ** k <= args.max_bytes]
     info = machine_info.describe()
+    segment = args.segment_bytes or collectives.SEGMENT_BYTES
+    print(f"Ring pieces of {size_label(segment)}")
     print(f"Machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}, Python {info['python']}, "
           f"{info['system']}; load average before: {info['load_average']}", flush=True)
     start, rows = time.perf_counter(), []
     for world_size in args.world_sizes:
-        rows += spawn.run_world(worker, world_size, (sizes, args.rounds, args.quick), deadline_s=600.0)
+        rows += spawn.run_world(worker, world_size, (sizes, args.rounds, args.quick, args.segment_bytes), deadline_s=600.0)
         print(f"  {world_size} ranks done ({time.perf_counter() - start:.0f} s)", flush=True)
     info["load_average_after"] = [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None
     met, sentence = verdict(rows)
@@ -139,7 +146,8 @@ def main() -> None:
     print(sentence)
     print(f"Load average after: {info['load_average_after']}; total {time.perf_counter() - start:.0f} s")
     if args.json:
-        args.json.write_text(json.dumps(dict(machine=info, rows=rows, target_met=met, verdict=sentence,
+        args.json.write_text(json.dumps(dict(machine=info, rows=rows, segment_bytes=segment, target_met=met,
+                                             verdict=sentence,
                                              quick=args.quick, rounds=args.rounds,
                                              seconds=time.perf_counter() - start), indent=2) + "\n")
 

@@ -63,12 +63,22 @@ SEGMENT_BYTES = 1 << 20   # a chunk travels in pieces of 1 MiB, so additions ove
 _receive_buffers: dict = {}
 
 
-def _receive_buffer(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A scratch tensor of ``numel`` elements, reused by later calls (grown when too small)."""
-    buffer = _receive_buffers.get((dtype, device))
+def _receive_buffer(numel: int, dtype: torch.dtype, device: torch.device, slot: int = 0) -> torch.Tensor:
+    """A scratch tensor of ``numel`` elements, reused by later calls (grown when too small).
+
+    Kept between calls: allocating and page-faulting a fresh one cost as much as the transfer.
+    """
+    key = (dtype, device, slot)
+    buffer = _receive_buffers.get(key)
     if buffer is None or buffer.numel() < numel:
-        buffer = _receive_buffers[(dtype, device)] = torch.empty(numel, dtype=dtype, device=device)
+        buffer = _receive_buffers[key] = torch.empty(numel, dtype=dtype, device=device)
     return buffer[:numel]
+
+
+def _wait_all(requests: list) -> None:
+    """Wait for each request once, emptying the list: waiting twice on a gloo send waits for another send."""
+    while requests:
+        requests.pop(0).wait()
 
 
 def _pieces(start: int, stop: int, size: int) -> list[tuple[int, int]]:
@@ -102,42 +112,65 @@ def ring_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
     contiguous = tensor.is_contiguous()
     flat = (tensor.detach() if contiguous else tensor.detach().contiguous()).view(-1)
     bounds = chunk_bounds(flat.numel(), p)
-    # Hazard: an isend reads its buffer until its wait() returns, and an irecv writes its buffer
-    # until then. Receiving into the chunk that is being reduced would let the incoming bytes
-    # overwrite our own contribution before it is added: a race whose result depends on timing.
-    # So the reduce-scatter receives into a separate buffer (kept between calls: allocating and
-    # page-faulting a fresh one cost as much as the transfer). The all-gather receives straight
-    # into the tensor: the chunk it receives is never the one it is sending.
-    incoming = _receive_buffer(bounds[0][1] - bounds[0][0], flat.dtype, flat.device)
+    incoming = [_receive_buffer(bounds[0][1] - bounds[0][0], flat.dtype, flat.device, slot) for slot in (0, 1)]
     piece = max(1, SEGMENT_BYTES // flat.element_size())
+    steps = 2 * (p - 1)
+    pieces = [_pieces(start, stop, piece) for start, stop in bounds]
+    n_pieces = max(len(cut) for cut in pieces)
 
-    def step(send_chunk: int, recv_chunk: int, reduce: bool) -> None:
-        s0, s1 = bounds[send_chunk]
-        r0, r1 = bounds[recv_chunk]
-        # Every message of the step is posted before waiting on any: blocking send-then-recv on
-        # every rank at once can deadlock (each rank waits for a receiver that is itself still
-        # sending). Chunks travel in pieces of SEGMENT_BYTES, tagged by their index, so the
-        # addition of one piece overlaps the transfer of the next. Sender and receiver cut the same
-        # chunk_bounds the same way, so they agree on every message; an empty chunk sends none.
-        sends = [dist.isend(flat[a:b], right, group=group, tag=i) for i, (a, b) in enumerate(_pieces(s0, s1, piece))]
-        target = incoming if reduce else flat
-        offset = r0 if reduce else 0
-        receives = [(a, b, dist.irecv(target[a - offset:b - offset], left, group=group, tag=i))
-                    for i, (a, b) in enumerate(_pieces(r0, r1, piece))]
-        for a, b, request in receives:
-            request.wait()
-            if reduce:
-                flat[a:b] += incoming[a - r0:b - r0]
-        for request in sends:
-            request.wait()
+    # Step t (0 .. 2p-3) sends chunk (r - t) % p to the right and receives chunk (r - t - 1) % p
+    # from the left: the first p-1 steps add what arrives (reduce-scatter; after them chunk
+    # (r+1) % p holds the full sum), the last p-1 store it (all-gather). The chunk received in
+    # step t is the one sent in step t+1, so each piece is forwarded as soon as it has arrived
+    # (and been added): the steps overlap, as in gloo's and NCCL's pipelined rings.
+    def send_chunk(t: int) -> int:
+        return (rank - t) % p
 
-    # Reduce-scatter: at step s rank r sends chunk (r - s) and receives chunk (r - s - 1), which
-    # its left neighbour sent as "its" (r-1) - s. After p-1 steps chunk (r+1) % p is complete.
-    for s in range(p - 1):
-        step((rank - s) % p, (rank - s - 1) % p, reduce=True)
-    # All-gather: start by sending the finished chunk (r+1), receive the left neighbour's (r).
-    for s in range(p - 1):
-        step((rank + 1 - s) % p, (rank - s) % p, reduce=False)
+    def tag(t: int, i: int) -> int:
+        return t * n_pieces + i  # unique per message: receives of two steps may be pending at once
+
+    sends: list[list] = [[] for _ in range(steps)]
+
+    def post_sends(t: int, chunk_pieces) -> None:
+        for i, (a, b) in chunk_pieces:
+            sends[t].append(dist.isend(flat[a:b], right, group=group, tag=tag(t, i)))
+
+    def post_receives(t: int) -> list:
+        chunk = send_chunk(t + 1)
+        start = bounds[chunk][0]
+        if t < p - 1:
+            # Hazard: an irecv writes its buffer until wait() returns. Receiving into the chunk
+            # being reduced would let incoming bytes overwrite our own contribution before it is
+            # added, so the reduce-scatter receives into a scratch buffer (two, alternating: the
+            # next step's receives are posted while this step's are being added).
+            target = incoming[t % 2]
+            return [(a, b, dist.irecv(target[a - start:b - start], left, group=group, tag=tag(t, i)))
+                    for i, (a, b) in enumerate(pieces[chunk])]
+        # The all-gather receives straight into the tensor, but chunk c was sent, as a partial
+        # sum, p steps earlier: that send must have finished reading it before it is overwritten.
+        earlier = t + 1 - p
+        if earlier >= 0:
+            _wait_all(sends[earlier])
+        return [(a, b, dist.irecv(flat[a:b], left, group=group, tag=tag(t, i)))
+                for i, (a, b) in enumerate(pieces[chunk])]
+
+    # Every message is posted before any wait: blocking send-then-recv on every rank at once can
+    # deadlock (each rank waits for a receiver that is itself still sending). Sender and receiver
+    # cut the same chunk_bounds into the same pieces, so they agree on every message.
+    post_sends(0, enumerate(pieces[send_chunk(0)]))
+    receives = post_receives(0)
+    for t in range(steps):
+        following = post_receives(t + 1) if t + 1 < steps else []
+        start = bounds[send_chunk(t + 1)][0]
+        for i, (a, b, request) in enumerate(receives):
+            request.wait()
+            if t < p - 1:
+                flat[a:b] += incoming[t % 2][a - start:b - start]
+            if t + 1 < steps:
+                post_sends(t + 1, [(i, (a, b))])
+        receives = following
+    for step_sends in sends:
+        _wait_all(step_sends)
 
     if not contiguous:
         tensor.detach().copy_(flat.view_as(tensor))
