@@ -89,6 +89,8 @@ def test_start_runs_collectives_restarts_and_stops(clean):
     workers = cluster.start(2, activate=False)
     clean()
     assert workers.view.pull("rank") == [0, 1]
+    # %%px labels output by engine id ([stdout:0] ...): it must be the rank.
+    assert workers.view.targets == [0, 1] and workers.rank_of_engine == {0: 0, 1: 1}
     assert workers.view.pull("world_size") == [2, 2]
     assert workers.view.pull("device") == [torch.device("cpu")] * 2
     assert workers.run(_all_reduce_rank_plus_one) == [(0, 2, [3.0] * 3), (1, 2, [3.0] * 3)]
@@ -232,6 +234,7 @@ def test_mpi_engines_run_mpi4py_and_torch(clean):
     workers = cluster.start(2, engines="mpi", activate=False)
     clean()
     assert workers.run(_mpi_allreduce) == [(0, 3), (1, 3)], "ranks must follow MPI's order"
+    assert workers.view.targets == [0, 1], "engine ids (the labels of %%px output) must be the ranks"
     assert workers.run(_all_reduce_rank_plus_one) == [(0, 2, [3.0] * 3), (1, 2, [3.0] * 3)]
 
 

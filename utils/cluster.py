@@ -241,6 +241,9 @@ def start(n: int = 2, *, backend: str | None = None, engines: str = "local", tim
     controller_args = [f"--HeartMonitor.period={HEARTBEAT_MS}",
                        f"--HeartMonitor.max_heartmonitor_misses={30_000 // HEARTBEAT_MS}",
                        *cluster_options.pop("controller_args", [])]
+    # ipyparallel waits a fixed second between starting the controller and the engines; the
+    # engines wait for the controller's connection file anyway, so the second is pure delay.
+    cluster_options.setdefault("delay", 0)
     with _quiet():
         cluster = ipp.Cluster(n=n, engines=engines, log_level=logging.ERROR, controller_args=controller_args,
                               **cluster_options)
@@ -249,6 +252,16 @@ def start(n: int = 2, *, backend: str | None = None, engines: str = "local", tim
         # imports of all engines then overlap with each other and with the registrations.
         cluster.config.LocalEngineSetLauncher.engine_cmd = [
             sys.executable, "-c", "import torch; from ipyparallel.engine.app import main; main()"]
+        # ipyparallel starts the engines only once the controller has written its connection
+        # file. Local engines can read that file themselves: started with the controller, they
+        # import torch while it starts, then wait for the file (up to the timeout).
+        cluster.send_engines_connection_env = False
+        cluster.config.LocalEngineSetLauncher.engine_args = [f"--IPEngine.wait_for_url_file={timeout:g}"]
+    if engines == "slurm":
+        # ipyparallel writes the job's batch script into the current directory (the notebook's):
+        # keep it in the profile directory, beside the job's log.
+        cluster.config.SlurmEngineSetLauncher.batch_file_name = os.path.join(cluster.profile_dir,
+                                                                             "slurm_engine.sbatch")
     if engines == "mpi":
         # The MPI that pip installs (the mpich wheel) puts mpiexec beside this interpreter,
         # which may not be on PATH when the kernel was not started from an activated venv.
@@ -258,9 +271,19 @@ def start(n: int = 2, *, backend: str | None = None, engines: str = "local", tim
             raise ClusterError("engines='mpi' needs mpiexec: pip install mpich mpi4py (or load your "
                                "site's MPI module), then restart the kernel")
         cluster.config.MPILauncher.mpi_cmd = [mpiexec]
+    if engines == "ssh":
+        # ipyparallel runs "python3" over ssh, which is not this environment's Python (the ssh
+        # session has no venv on PATH) and lacks ipyparallel: the engines' machines share this
+        # file system and Python environment, so use this interpreter unless told otherwise.
+        cluster.config.SSHEngineSetLauncher.remote_python = sys.executable
     for launcher, settings in (launcher_config or {}).items():
         for name, value in settings.items():
             setattr(getattr(cluster.config, launcher), name, value)
+    if engines == "ssh" and "engine_cmd" not in cluster.config.SSHEngineSetLauncher:
+        # Engines import torch while they start, as local ones do.
+        cluster.config.SSHEngineSetLauncher.engine_cmd = [
+            cluster.config.SSHEngineSetLauncher.remote_python, "-c",
+            "import torch; from ipyparallel.engine.app import main; main()"]
     workers = Workers(cluster=cluster, client=None, view=None, n=n, backend=backend, engines=engines,
                       timeout=timeout)
     _running = workers
@@ -292,6 +315,8 @@ def _start_engines(workers: Workers, timeout: float) -> None:
     identities = workers.client[:].apply_sync(_engine_identity)
     engine_ids = list(workers.client.ids)
     # Ranks follow MPI's order for MPI engines, the engines' ids otherwise: fixed and 0..n-1.
+    # Each cluster has a fresh controller, which numbers engines 0..n-1 (an MPI engine asks for
+    # its MPI rank), so an engine's id is its rank, and %%px's [stdout:i] labels name ranks.
     order = sorted(range(len(engine_ids)), key=lambda i: (identities[i][2] is None, identities[i][2] or 0,
                                                            engine_ids[i]))
     workers.rank_of_engine = {engine_ids[i]: rank for rank, i in enumerate(order)}
@@ -354,13 +379,22 @@ def _alive(workers: Workers) -> bool:
 
 
 def _cluster_pids(workers: Workers) -> list[int]:
-    pids = list(workers.pids)
+    import socket
+
+    from ipyparallel.cluster.launcher import SSHLauncher
+
+    # Engines on other machines (ssh, slurm) report their machine's pids: here those numbers are
+    # other processes, which stop() and the watchdog must not kill. Those engines stop with their
+    # launcher (scancel, ssh) or, at the latest, when the controller's heartbeat stops.
+    pids = [pid for host, pid in zip(workers.hosts, workers.pids) if host == socket.gethostname()]
     controller = getattr(workers.cluster, "controller", None)
     if controller is not None and getattr(controller, "pid", -1) > 0:
         pids.append(controller.pid)
     for engine_set in getattr(workers.cluster, "engines", {}).values():
+        # An ssh launcher's pid is its engine's pid on the engine's host (kept above when that is
+        # this machine), not a process here.
         pids += [launcher.pid for launcher in getattr(engine_set, "launchers", {}).values()
-                 if getattr(launcher, "pid", -1) > 0]
+                 if getattr(launcher, "pid", -1) > 0 and not isinstance(launcher, SSHLauncher)]
         if getattr(engine_set, "pid", -1) > 0:  # mpiexec and batch launchers have one process
             pids.append(engine_set.pid)
     return sorted(set(pids))

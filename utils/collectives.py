@@ -2,9 +2,10 @@
 
 Taught in labs/03_collectives.ipynb. ``ring_all_reduce`` is the bandwidth-optimal algorithm
 (Patarasuk and Yuan, 2009) that NCCL and gloo use for large messages, written with nothing but
-``dist.isend`` / ``dist.irecv`` so every step can be read; unlike the lab's exercise it sends each
-chunk in pieces, so that adding one piece overlaps the transfer of the next, as gloo and NCCL
-pipeline theirs (benchmarks/README.md measures the difference). The timing helpers report nccl-tests'
+``dist.isend`` / ``dist.irecv`` so every step can be read. Unlike the lab's exercise it is
+pipelined, as gloo's and NCCL's rings are: each chunk travels in pieces, and a piece is forwarded
+to the next rank as soon as it has arrived (and been added), so additions and steps overlap the
+transfers (benchmarks/README.md measures the difference). The timing helpers report nccl-tests'
 algorithm and bus bandwidth, so the lab's numbers compare with published ones.
 """
 from __future__ import annotations
