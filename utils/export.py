@@ -31,7 +31,8 @@ def _setup_process_group(timeout_s={timeout}):
     if "RANK" not in os.environ:
         raise SystemExit("run this script with torchrun, e.g. torchrun --standalone --nproc-per-node 2 {name}")
     local_rank = int(os.environ["LOCAL_RANK"])
-    if torch.cuda.is_available():
+    # nccl needs a GPU of its own per process on this machine; with fewer, gloo runs on the CPUs.
+    if torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", 1)):
         torch.cuda.set_device(local_rank)
         backend, device = "nccl", torch.device("cuda", local_rank)
     else:
