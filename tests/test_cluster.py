@@ -37,6 +37,19 @@ def _cluster_processes(root: int | None = None) -> list[psutil.Process]:
     return found
 
 
+def processes_where(test) -> list[psutil.Process]:
+    """Every process on this machine (but this one) for which ``test(proc)`` holds; processes that
+    end or deny access while being looked at are skipped."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid != os.getpid() and test(proc):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
 def _wait_until_gone(procs, seconds: float = 20) -> list[psutil.Process]:
     deadline = time.monotonic() + seconds
     while True:

@@ -21,7 +21,8 @@ import psutil
 import pytest
 from ipyparallel import interactive
 
-from test_cluster import _all_reduce_rank_plus_one, _wait_until_gone, clean  # noqa: F401  (clean: fixture)
+from test_cluster import (_all_reduce_rank_plus_one, _wait_until_gone, clean,  # noqa: F401  (clean: fixture)
+                          processes_where)
 from utils import cluster
 
 DAEMONS = ("munged", "slurmctld", "slurmd")  # often in /usr/sbin, which a user's PATH may lack
@@ -168,15 +169,8 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
 
 def _private_slurm_processes(slurm: Slurm) -> list[psutil.Process]:
     """Every process that runs with this Slurm's configuration: daemons, slurmstepd, jobs, engines."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.pid != os.getpid() and (proc.environ().get("SLURM_CONF") == str(slurm.conf)
-                                            or str(slurm.folder) in " ".join(proc.cmdline())):
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
+    return processes_where(lambda proc: proc.environ().get("SLURM_CONF") == str(slurm.conf)
+                           or str(slurm.folder) in " ".join(proc.cmdline()))
 
 
 @interactive  # sent by value: the engines cannot import this test module
@@ -193,18 +187,12 @@ def _where_am_i():
 def _processes_of(slurm: Slurm, cluster_id: str, job_id: str) -> list[psutil.Process]:
     """The job's processes: engines, srun and the batch script (their environment names the
     ipyparallel cluster), and its slurmstepd processes ("slurmstepd: [JOB.STEP]")."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.pid == os.getpid():
-                continue
-            environ = proc.environ()
-            if environ.get("IPP_CLUSTER_ID") == cluster_id or (
-                    environ.get("SLURM_CONF") == str(slurm.conf) and f"[{job_id}." in " ".join(proc.cmdline())):
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
+    def of_the_job(proc) -> bool:
+        environ = proc.environ()
+        return environ.get("IPP_CLUSTER_ID") == cluster_id or (
+            environ.get("SLURM_CONF") == str(slurm.conf) and f"[{job_id}." in " ".join(proc.cmdline()))
+
+    return processes_where(of_the_job)
 
 
 def _active_jobs(slurm: Slurm) -> dict:

@@ -21,7 +21,8 @@ import psutil
 import pytest
 from ipyparallel import interactive
 
-from test_cluster import _all_reduce_rank_plus_one, _wait_until_gone, clean  # noqa: F401  (clean: fixture)
+from test_cluster import (_all_reduce_rank_plus_one, _wait_until_gone, clean,  # noqa: F401  (clean: fixture)
+                          processes_where)
 from utils import cluster
 
 pytestmark = pytest.mark.timeout(300)
@@ -117,14 +118,8 @@ Subsystem sftp internal-sftp
 def _processes_of(cluster_id: str) -> list[psutil.Process]:
     """Every process of the cluster, wherever it came from: ipyparallel gives the controller and
     each engine (and so the engine's nanny) the cluster id in IPP_CLUSTER_ID."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get("IPP_CLUSTER_ID") == cluster_id or cluster_id in " ".join(proc.cmdline()):
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
+    return processes_where(lambda proc: proc.environ().get("IPP_CLUSTER_ID") == cluster_id
+                           or cluster_id in " ".join(proc.cmdline()))
 
 
 @interactive  # sent by value: the engines cannot import this test module
