@@ -14,6 +14,7 @@ Behaviour is observed, not the source text: a learner may write the script any w
 """
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import os
@@ -50,7 +51,8 @@ def _record_calls(record: dict) -> None:
     fail_at = int(os.environ.get("COURSE_PROBE_FAIL_AT", "0"))
 
     def init_process_group(*args, **kwargs):
-        record["init"] = {key: kwargs.get(key) for key in ("rank", "world_size")}
+        given = inspect.signature(init).bind(*args, **kwargs).arguments
+        record["init"] = {key: given.get(key) for key in ("rank", "world_size")}
         result = init(*args, **kwargs)
         record["init"]["backend"] = str(dist.get_backend())
         return result
@@ -64,11 +66,14 @@ def _record_calls(record: dict) -> None:
         return save(obj, f, *args, **kwargs)
 
     def distributed_sampler(self, *args, **kwargs):
-        sampler_init(self, *args, **kwargs)
-        record["samplers"].append({"num_replicas": self.num_replicas, "rank": self.rank, "seed": self.seed,
-                                   "shuffle": self.shuffle, "drop_last": self.drop_last,
-                                   "size": len(self.dataset), "epochs": []})
+        given = inspect.signature(sampler_init).bind(self, *args, **kwargs).arguments
+        # What the script passed, recorded before the sampler can refuse it (a rank >= num_replicas raises).
+        entry = {"given": {key: given.get(key) for key in ("num_replicas", "rank")},
+                 "size": len(given["dataset"]), "epochs": []}
+        record["samplers"].append(entry)
         self._probe_index = len(record["samplers"]) - 1
+        sampler_init(self, *args, **kwargs)
+        entry.update(seed=self.seed, shuffle=self.shuffle, drop_last=self.drop_last)
 
     def sampler_set_epoch(self, epoch):
         if hasattr(self, "_probe_index"):

@@ -177,20 +177,29 @@ def _diagnose_run(code, output: str, records: dict, nproc: int, what: str) -> No
                       f"init_process_group: {started or 'none'}. A rank or world size written into the script "
                       f"(instead of read from torchrun's environment) makes the ranks wait for each other "
                       f"forever; so does a collective that only some ranks call.\nLast output:\n{_tail(output)}")
+    _diagnose_numbers(records, nproc)
+    errors = {rank: rec["error"] for rank, rec in sorted(records.items()) if rec["error"]}
+    expect(not errors, f"6.1: the job failed {where}; rank errors: {errors}.\nLast output:\n{_tail(output)}")
     missing = sorted(set(range(nproc)) - set(records))
     expect(not missing, f"6.1: rank(s) {missing} ended without a trace {where} (killed, or the job never "
                         f"started them).\nLast output:\n{_tail(output)}")
     for rank in range(nproc):
-        init = records[rank]["init"]
-        expect(init is not None, f"6.1: rank {rank} never called dist.init_process_group {where}.")
-        for key in ("rank", "world_size"):
-            expect(init[key] is None or int(init[key]) == (rank if key == "rank" else nproc),
-                   f"6.1: init_process_group got {key}={init[key]} on rank {rank} of {nproc}: a {key} written "
-                   f"into the script. Leave both out: torchrun puts them in the environment (RANK, WORLD_SIZE), "
-                   f"where init_process_group reads them.")
-    errors = {rank: rec["error"] for rank, rec in records.items() if rec["error"]}
-    expect(code == 0 and not errors, f"6.1: the job failed {where} (exit code {code}); "
-                                     f"rank errors: {errors or 'none recorded'}.\nLast output:\n{_tail(output)}")
+        expect(records[rank]["init"] is not None, f"6.1: rank {rank} never called dist.init_process_group {where}.")
+    expect(code == 0, f"6.1: the job failed {where} (exit code {code}).\nLast output:\n{_tail(output)}")
+
+
+def _diagnose_numbers(records: dict, nproc: int) -> None:
+    """A rank or world size written into the script as a number, wherever the probe saw one."""
+    for rank, rec in sorted(records.items()):
+        right = {"rank": rank, "world_size": nproc, "num_replicas": nproc}
+        for what, given in [("init_process_group", rec["init"] or {})] + [
+                ("its DistributedSampler", s["given"]) for s in rec["samplers"]]:
+            wrong = {key: value for key, value in given.items() if key in right and value not in (None, -1) and int(value) != right[key]}
+            expect(not wrong, f"6.1: rank {rank} of {nproc} called {what} with "
+                              f"{', '.join(f'{key}={value}' for key, value in wrong.items())}: numbers written into "
+                              f"the script. Leave them out (torchrun puts RANK and WORLD_SIZE in the environment, "
+                              f"and the sampler asks the process group), or use dist.get_rank() and "
+                              f"dist.get_world_size().")
 
 
 def _diagnose_calls(records: dict, nproc: int) -> None:
@@ -201,10 +210,6 @@ def _diagnose_calls(records: dict, nproc: int) -> None:
                          f"Give the training DataLoader sampler=DistributedSampler(train_set, shuffle=True, "
                          f"seed=args.seed).")
         sampler = samplers[0]
-        expect(sampler["num_replicas"] == nproc and sampler["rank"] == rank,
-               f"6.1: rank {rank} of {nproc} built its DistributedSampler with num_replicas="
-               f"{sampler['num_replicas']}, rank={sampler['rank']}: numbers written into the script. Leave them "
-               f"out (the sampler reads them from the process group) or pass dist.get_world_size(), dist.get_rank().")
         expect(sampler["shuffle"] and sampler["seed"] == JOB["seed"],
                f"6.1: the training DistributedSampler has shuffle={sampler['shuffle']}, seed={sampler['seed']}; "
                f"the job shuffles with the seed it is given: shuffle=True, seed=args.seed.")
