@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/lab_times.py                 # every lab, both modes
     .venv/bin/python benchmarks/lab_times.py --modes quick   # quick mode only
+    .venv/bin/python benchmarks/lab_times.py --labs 06       # only the labs whose names start so
+                                                             # (the others keep their recorded times)
 
 Each notebook runs headless in a fresh process (python -m utils.course). The minutes go to
 benchmarks/results/lab_times.json with the machine's description, and the table between the
@@ -70,6 +72,8 @@ def lab_facts(path: Path) -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--modes", nargs="+", choices=["quick", "full"], default=["quick", "full"])
+    parser.add_argument("--labs", nargs="+", default=None, metavar="NN",
+                        help="measure only these labs (name prefixes); the others keep their recorded times")
     parser.add_argument("--readme-only", action="store_true", help="rewrite the README table from the JSON file")
     args = parser.parse_args(argv)
     previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"labs": []}
@@ -78,7 +82,8 @@ def main(argv=None) -> None:
         labs = []
         for path in sorted((ROOT / "labs").glob("*.ipynb")):
             lab = {**old.get(path.name, {}), **lab_facts(path)}
-            for mode in args.modes:
+            chosen = args.labs is None or any(path.name.startswith(prefix) for prefix in args.labs)
+            for mode in args.modes if chosen else []:
                 lab[f"{mode}_s"] = round(time_notebook(path, quick=(mode == "quick")), 1)
                 print(f"{path.name}: {mode} mode {lab[f'{mode}_s']:.1f} s", flush=True)
             labs.append(lab)
