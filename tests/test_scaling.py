@@ -1,0 +1,86 @@
+"""utils.scaling (DDP's buckets, the predicted communication, the scaling measurement) and utils.gpu_speed."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from spawn_ranks import run_ranks
+from utils import collectives, gpu_speed, scaling
+
+
+def torch_buckets(param_bytes, bucket_cap_mb):
+    tensors = [torch.empty(n // 4) for n in param_bytes]
+    indices, _ = dist._compute_bucket_assignment_by_size(tensors, [scaling.FIRST_BUCKET_BYTES,
+                                                                   int(bucket_cap_mb * 2 ** 20)])
+    return [sum(param_bytes[i] for i in bucket) for bucket in indices]
+
+
+def test_first_bucket_constant_is_torchs():
+    assert scaling.FIRST_BUCKET_BYTES == dist._DEFAULT_FIRST_BUCKET_BYTES
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_buckets_match_torch_on_random_models(seed):
+    rng = random.Random(seed)
+    sizes = [4 * rng.choice([1, 10, 1000, 2 ** 16, 2 ** 18, 2 ** 20, 3 * 2 ** 20]) for _ in range(rng.randint(1, 30))]
+    cap = rng.choice([0.5, 1.0, 4.0, 25.0])
+    assert scaling.ddp_bucket_bytes(sizes, cap) == torch_buckets(sizes, cap)
+
+
+def test_no_gradients_no_buckets():
+    assert scaling.ddp_bucket_bytes([]) == []
+    assert scaling.predicted_comm_seconds([], 4, 1e-5, 1e-9) == 0
+
+
+def test_predicted_comm_is_the_sum_over_buckets():
+    sizes = [2 ** 20, 2 ** 22, 2 ** 22, 400]     # each of the first three reaches its limit: 4 buckets
+    buckets = scaling.ddp_bucket_bytes(sizes, bucket_cap_mb=4)
+    assert buckets == [2 ** 20, 2 ** 22, 2 ** 22, 400] == torch_buckets(sizes, 4)
+    alpha, beta = 2e-5, 1e-9
+    expected = sum(2 * 3 * alpha + 2 * 3 / 4 * n * beta for n in buckets)
+    assert scaling.predicted_comm_seconds(sizes, 4, alpha, beta, bucket_cap_mb=4) == pytest.approx(expected)
+    assert scaling.predicted_comm_seconds(sizes, 1, alpha, beta, bucket_cap_mb=4) == 0   # one rank sends nothing
+    assert collectives.ring_all_reduce_seconds(1, 4, alpha, beta) > 0
+
+
+def _scaling_job(rank, world_size):
+    from utils.models import CNN
+
+    timings = scaling.time_scaling(lambda: CNN((1, 12, 12), channels=(2, 4), hidden=8), (1, 12, 12), 10,
+                                   {"strong": lambda k: 12 // k, "weak": lambda k: 4}, torch.device("cpu"),
+                                   warmup=1, repeats=2)
+    return {f"{label}/{k}": value for (label, k), value in timings.items()}
+
+
+def test_time_scaling_times_every_k_on_the_ranks_that_take_part():
+    per_rank = run_ranks(_scaling_job, 3, deadline_s=120)
+    # rank r takes part in k = r+1 .. 3; every entry has both times and the asked-for batch
+    for rank, timings in enumerate(per_rank):
+        assert sorted(timings) == sorted(f"{label}/{k}" for label in ("strong", "weak") for k in range(rank + 1, 4))
+        for key, value in timings.items():
+            label, k = key.split("/")
+            assert value["per_rank"] == (12 // int(k) if label == "strong" else 4)
+            assert value["ddp"] > 0 and value["compute"] > 0
+
+
+def test_gpu_speed_refuses_a_cpu():
+    with pytest.raises(ValueError, match="CUDA GPU"):
+        gpu_speed.wrn_settings(torch.device("cpu"))
+
+
+def test_recorded_runs_are_read_oldest_first(tmp_path):
+    for name, date in (("b", "2026-02-01"), ("a", "2026-01-01")):
+        (tmp_path / f"wrn_gpu_{name}.json").write_text(json.dumps({"machine": name, "date": date, "rows": []}))
+    (tmp_path / "other.json").write_text("{}")
+    assert [run["machine"] for run in gpu_speed.recorded_runs(tmp_path)] == ["a", "b"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_wrn_settings_on_a_gpu():
+    rows = gpu_speed.wrn_settings(torch.device("cuda"), (3, 32, 32), depth=10, width=1, batch=16, steps=2, warmup=1)
+    assert [row["setting"].split(", ")[-1] for row in rows] == list(gpu_speed.SETTINGS)
+    assert all(row["images_per_s"] > 0 for row in rows)
