@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import random
 import statistics
 import sys
 import time
@@ -40,6 +39,7 @@ from utils.train import train  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import machine as machine_info  # noqa: E402
+from stats import paired_ratio  # noqa: E402
 
 # The lab-01 configuration.
 N_LAYERS, D_IN, D_HIDDEN, N_CLASSES = 4, 1024, 256, 32
@@ -189,12 +189,7 @@ def main(argv=None) -> dict:
                          "gflops": flops / (median * 1e-3) / 1e9, "step_over_flop_bound": median / bound_ms}
     pooled_ratio = results["course"]["median_step_ms"] / results["plain"]["median_step_ms"]
     # Each course run against the plain run next to it: robust to the machine's speed changing.
-    pair_ratios = [c / p for c, p in zip(run_medians["course"], run_medians["plain"])]
-    pair_ratio = statistics.median(pair_ratios)
-    # 95% bootstrap interval of that median: how far the machine's noise leaves it uncertain.
-    rng = random.Random(0)
-    boot = sorted(statistics.median(rng.choices(pair_ratios, k=len(pair_ratios))) for _ in range(2000))
-    ratio_ci = (boot[49], boot[1950])
+    pair_ratio, ratio_ci = paired_ratio(run_medians["course"], run_medians["plain"])
     all_medians = run_medians["course"] + run_medians["plain"]
     spread = max(all_medians) / min(all_medians)
     report = {"date": datetime.date.today().isoformat(), "machine": machine(device),
