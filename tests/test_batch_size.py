@@ -1,0 +1,137 @@
+"""utils.batch_size: the noise scale against its exact value, steps to target, the critical-batch fit, LR rules."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from utils.batch_size import fit_critical_batch, gradient_noise_scale, predicted_steps, scaled_lr, steps_to_target
+from utils.train import History
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Thousands of tiny gradients: two threads fighting other jobs on a 2-core machine made
+    # the noise-scale test 40x slower than one thread.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def regression(n=512, d=32, seed=0):
+    """Noisy linear regression with the model a little away from the optimum: both |G| and tr(Sigma) matter."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g, dtype=torch.float64)
+    w_star = torch.randn(d, 1, generator=g, dtype=torch.float64)
+    y = x @ w_star + 0.5 * torch.randn(n, 1, generator=g, dtype=torch.float64)
+    model = nn.Linear(d, 1, bias=False).double()
+    with torch.no_grad():
+        model.weight.copy_((w_star + 0.3 * torch.randn(d, 1, generator=g, dtype=torch.float64)).T)
+    return model, x, y
+
+
+def exact_noise(model, x, y):
+    """|G|^2 and tr(Sigma) over the whole set from per-sample gradients taken one at a time."""
+    grads = []
+    for i in range(len(x)):
+        (g,) = torch.autograd.grad(F.mse_loss(model(x[i:i + 1]), y[i:i + 1]), [model.weight])
+        grads.append(g.flatten())
+    grads = torch.stack(grads)
+    mean = grads.mean(0)
+    return float(mean @ mean), float(((grads - mean) ** 2).sum(1).mean())
+
+
+def test_noise_scale_matches_per_sample_gradients():
+    model, x, y = regression()
+    g2, trace = exact_noise(model, x, y)
+    est = gradient_noise_scale(model, F.mse_loss, x, y, b_small=8, b_big=256, n_pairs=1000, seed=0)
+    # Over 30 seeds, 100 pairs gave B_simple a relative spread of 9%, so about 3% with 1000 pairs:
+    # 10% is more than 3 standard deviations. G2 is much less noisy.
+    assert est["G2"] == pytest.approx(g2, rel=0.03)
+    assert est["S"] == pytest.approx(trace, rel=0.10)
+    assert est["B_simple"] == pytest.approx(trace / g2, rel=0.10)
+    assert est["B_simple"] == pytest.approx(est["S"] / est["G2"])
+
+
+def test_noise_scale_is_zero_when_every_sample_has_the_same_gradient():
+    model, x, y = regression(n=64, d=4)
+    x, y = x[:1].repeat(64, 1), y[:1].repeat(64, 1)  # every batch gradient equals the full gradient
+    (g,) = torch.autograd.grad(F.mse_loss(model(x), y), [model.weight])
+    est = gradient_noise_scale(model, F.mse_loss, x, y, b_small=2, b_big=32, n_pairs=3)
+    assert est["G2"] == pytest.approx(float((g * g).sum()), rel=1e-9)
+    assert abs(est["S"]) < 1e-9 * est["G2"] * 32 and abs(est["B_simple"]) < 1e-6
+
+
+def test_noise_scale_leaves_the_model_alone():
+    model, x, y = regression(n=64, d=4)
+    model.train()
+    before = model.weight.detach().clone()
+    gradient_noise_scale(model, F.mse_loss, x, y, b_small=2, b_big=16, n_pairs=2)
+    assert model.training and model.weight.grad is None and torch.equal(model.weight, before)
+
+
+@pytest.mark.parametrize("b_small, b_big, match", [(16, 16, "smaller than b_big"), (32, 16, "smaller than b_big"),
+                                                   (2, 65, "larger than the data"), (0, 16, "b_small")])
+def test_noise_scale_rejects_bad_batch_sizes(b_small, b_big, match):
+    model, x, y = regression(n=64, d=4)
+    with pytest.raises(ValueError, match=match):
+        gradient_noise_scale(model, F.mse_loss, x, y, b_small=b_small, b_big=b_big)
+
+
+def test_steps_to_target_on_every_history_shape():
+    steps, acc = [0, 10, 20, 30], [0.1, 0.5, 0.8, 0.9]
+    rows = [{"step": s, "test_accuracy": a} for s, a in zip(steps, acc)]
+    history = History(logged_step=steps, test_accuracy=acc, test_loss=[2.0, 1.0, 0.6, 0.5])
+    for h in ({"step": steps, "test_accuracy": acc}, rows, history):
+        assert steps_to_target(h, 0.8) == 20  # reaching exactly the target counts
+        assert steps_to_target(h, 0.95) is None
+    assert steps_to_target(history, 0.7, key="test_loss") == 20  # a loss reaches its target from above
+    assert steps_to_target(history, 0.7, key="test_loss", higher_is_better=True) == 0
+
+
+def test_steps_to_target_ignores_nan_and_names_a_missing_key():
+    assert steps_to_target({"step": [0, 5], "train_loss": [math.nan, 0.1]}, 0.2, key="train_loss") == 5
+    with pytest.raises(ValueError, match="no 'accuracy'"):
+        steps_to_target({"step": [0], "test_accuracy": [1.0]}, 0.5, key="accuracy")
+
+
+BATCHES = [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+
+
+def test_fit_critical_batch_recovers_exact_parameters():
+    steps = predicted_steps(BATCHES, 1000.0, 256.0)
+    s_min, b_crit = fit_critical_batch(BATCHES, steps)
+    assert s_min == pytest.approx(1000.0, rel=1e-9) and b_crit == pytest.approx(256.0, rel=1e-9)
+    assert fit_critical_batch([64, 512], predicted_steps([64, 512], 50.0, 100.0)) == pytest.approx((50.0, 100.0))
+
+
+def test_fit_critical_batch_with_noisy_steps():
+    g = torch.Generator().manual_seed(0)
+    noise = torch.exp(0.05 * torch.randn(len(BATCHES), generator=g, dtype=torch.float64))  # about 5% per run
+    steps = [s * float(e) for s, e in zip(predicted_steps(BATCHES, 1000.0, 256.0), noise)]
+    s_min, b_crit = fit_critical_batch(BATCHES, steps)
+    # An unweighted least-squares fit of the same data gives S_min = 701 and B_crit = 390.
+    assert s_min == pytest.approx(1000.0, rel=0.05) and b_crit == pytest.approx(256.0, rel=0.1)
+
+
+@pytest.mark.parametrize("batches, steps, match", [([64], [100], "at least 2 different"),
+                                                   ([64, 64], [100, 110], "at least 2 different"),
+                                                   ([64, 128], [100, None], "never reached"),
+                                                   ([64, 128], [100], "entries"),
+                                                   ([64, 0], [100, 50], "> 0")])
+def test_fit_critical_batch_rejects_unusable_data(batches, steps, match):
+    with pytest.raises(ValueError, match=match):
+        fit_critical_batch(batches, steps)
+
+
+def test_scaled_lr_rules():
+    assert scaled_lr(0.1, 64, 256, "none") == 0.1
+    assert scaled_lr(0.1, 64, 256, "sqrt") == pytest.approx(0.2)
+    assert scaled_lr(0.1, 64, 256, "linear") == pytest.approx(0.4)
+    assert scaled_lr(0.1, 256, 64, "linear") == pytest.approx(0.025)  # a smaller batch scales down
+    with pytest.raises(ValueError, match="'none', 'sqrt', 'linear'"):
+        scaled_lr(0.1, 64, 256, "Linear")
+    with pytest.raises(ValueError, match="base_batch"):
+        scaled_lr(0.1, 0, 256, "linear")
