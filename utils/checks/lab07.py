@@ -177,6 +177,8 @@ def check_filter_normalize(filter_normalize) -> None:
                 expect(bool((a == 0).all()), f"7.3: {name} is 1-D (a bias or a scale): Li et al. give it a zero "
                                              f"direction, so it stays at its trained value.")
                 continue
+            expect(not torch.allclose(a, w.detach()), f"7.3: {name}'s direction is the weights themselves: scale "
+                                                      f"each filter of the given direction, do not replace it.")
             got_norms = a.reshape(a.shape[0], -1).norm(dim=1)
             want_norms = b.reshape(b.shape[0], -1).norm(dim=1)
             if not torch.allclose(got_norms, want_norms, rtol=1e-5, atol=1e-7):
@@ -187,7 +189,7 @@ def check_filter_normalize(filter_normalize) -> None:
                                  "one output channel of a Conv weight)." if whole else "."))
             expect(torch.allclose(a, b, rtol=1e-5, atol=1e-7),
                    f"7.3: {name}: the norms are right but not the direction: scale each filter of the given "
-                   f"direction, do not replace it.")
+                   f"direction, do not replace it by another.")
 
 
 # --- 7.4 the critical batch from a sweep -------------------------------------------------------------
