@@ -1,0 +1,205 @@
+"""Checks for labs/08_beyond_sync_sgd.ipynb.
+
+8.1 runs the learner's weight average on the MPI engines, every rank at once, with a model whose
+weights differ by rank (two dtypes, a buffer). 8.2 runs the learner's Hogwild worker twice: alone in
+this process against a reference with the same random order, then in two spawned processes on one
+model in shared memory, where each process's shard touches weights of its own, so the check sees
+whether both processes' updates reached the shared weights.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from . import exercise, expect
+from .engines import _prepare, _run_case, _Wrong
+
+HINTS = {
+    "8.1": """Step by step:
+1. p = comm.Get_size().
+2. For every tensor of list(model.parameters()) + list(model.buffers()) (floating point ones):
+   values = tensor.detach().numpy() shares the tensor's memory;
+   comm.Allreduce(MPI.IN_PLACE, values, op=MPI.SUM) sums it over the ranks, on every rank;
+   values /= p makes the sum a mean (still in the tensor's memory).""",
+    "8.2": """Step by step:
+1. optimizer = torch.optim.SGD(model.parameters(), lr=lr): this process's own optimizer on the shared weights.
+2. g = torch.Generator().manual_seed(seed); for each epoch: order = torch.randperm(len(x), generator=g).
+3. For each batch of indices in order.split(batch_size): zero_grad, cross_entropy(model(x[idx]), y[idx]),
+   backward, step; count the updates. Return the count.""",
+}
+
+
+def hint(name: str) -> None:
+    """Print the step-by-step hint of exercise ``name`` (e.g. ``"8.1"``)."""
+    if name not in HINTS:
+        raise ValueError(f"no step-by-step hint for {name!r}; there is one for: {', '.join(HINTS)}")
+    print(HINTS[name])
+
+
+# --- 8.1 the weight average with Allreduce ----------------------------------------------------------
+
+
+class _Replica(nn.Module):
+    """Weights that depend on the rank: a float32 layer, a float64 parameter, a float buffer."""
+
+    def __init__(self, rank: int):
+        super().__init__()
+        generator = torch.Generator().manual_seed(100 + rank)
+        self.layer = nn.Linear(3, 4)
+        self.scale = nn.Parameter(torch.randn(5, dtype=torch.float64, generator=generator))
+        self.register_buffer("running", torch.randn(2, generator=generator))
+        with torch.no_grad():
+            self.layer.weight.copy_(torch.randn(4, 3, generator=generator) * (rank + 1))
+            self.layer.bias.copy_(torch.randn(4, generator=generator) - rank)
+
+
+def _average_job(average_weights, world_size_expected):
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, p = comm.Get_rank(), comm.Get_size()
+    if p != world_size_expected:
+        raise _Wrong(f"MPI.COMM_WORLD has {p} rank(s) on this engine, the cluster {world_size_expected}: start the "
+                     f"engines with cluster.start(P, engines=\"mpi\")")
+    states = [{name: t.clone() for name, t in _Replica(r).state_dict().items()} for r in range(p)]
+    mine = _Replica(rank)
+    before = states[rank]
+    average_weights(mine, comm)
+    for name, got in mine.state_dict().items():
+        stack = torch.stack([state[name].double() for state in states])
+        if torch.allclose(got.double(), stack.mean(0), rtol=1e-6, atol=1e-6):
+            continue
+        if torch.allclose(got.double(), stack.sum(0), rtol=1e-6, atol=1e-6):
+            raise _Wrong(f"rank {rank}: {name} holds the sum over the ranks, not the mean: divide by comm.Get_size()")
+        if torch.equal(got, before[name]):
+            raise _Wrong(f"rank {rank}: {name} is unchanged. Every rank must end with the mean of every parameter "
+                         f"and buffer: Allreduce leaves the result on every rank (Reduce only on the root), and the "
+                         f"result must land in the model's own tensors (tensor.detach().numpy() shares their memory).")
+        raise _Wrong(f"rank {rank}: {name} is {got.flatten()[:3].tolist()}..., the mean over the ranks is "
+                     f"{stack.mean(0).flatten()[:3].tolist()}...")
+    return True
+
+
+def check_average(workers, average_weights) -> None:
+    """Exercise 8.1: the learner's ``average_weights(model, comm)`` on every MPI engine at once."""
+    name = "8.1"
+    with exercise(name):
+        _prepare(workers, average_weights, name)
+        _run_case(workers, name, _average_job, average_weights, (workers.n,),
+                  f"{workers.n} ranks, float32 and float64 parameters and a buffer")
+
+
+# --- 8.2 the Hogwild worker -------------------------------------------------------------------------
+
+
+def _reference_worker(model, x, y, epochs, batch_size, lr, seed, reshuffle=True, shuffle=True):
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(x), generator=generator)
+    updates = 0
+    for epoch in range(epochs):
+        if epoch and reshuffle:
+            order = torch.randperm(len(x), generator=generator)
+        for idx in (order if shuffle else torch.arange(len(x))).split(batch_size):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+            optimizer.step()
+            updates += 1
+    return updates
+
+
+def _block_problem(blocks: int, per_block: int = 12, features: int = 4, seed: int = 0):
+    """Samples whose inputs are zero outside their block of features: shard r's gradients touch only
+    the weight columns of block r (a model without bias)."""
+    generator = torch.Generator().manual_seed(seed)
+    shards = []
+    for block in range(blocks):
+        x = torch.zeros(per_block, blocks * features, dtype=torch.float64)
+        x[:, block * features:(block + 1) * features] = torch.randn(per_block, features, generator=generator,
+                                                                     dtype=torch.float64)
+        shards.append((x, torch.randint(0, 3, (per_block,), generator=generator)))
+    return shards
+
+
+def _by_value(rank, parent, payload, model, x, y, epochs, batch_size, lr, seed):
+    """Run a function from the notebook in a spawned process: it travels pickled by value."""
+    import cloudpickle
+
+    return cloudpickle.loads(payload)(model, x, y, epochs, batch_size, lr, seed)
+
+
+def check_hogwild_worker(hogwild_worker) -> None:
+    """Exercise 8.2: ``hogwild_worker(model, x, y, epochs, batch_size, lr, seed)`` trains the model it is
+    given, in place, on (x, y), with its own SGD and a new random order every epoch; returns its updates."""
+    import cloudpickle
+
+    from utils.hogwild import run_processes
+
+    with exercise("8.2"):
+        (x, y), = _block_problem(1, per_block=10)
+        settings = dict(epochs=3, batch_size=4, lr=0.1, seed=5)
+        torch.manual_seed(0)
+        start = nn.Linear(4, 3, bias=False).double()
+        models = {kind: nn.Linear(4, 3, bias=False).double() for kind in ("yours", "right", "once", "unshuffled")}
+        for model in models.values():
+            model.load_state_dict(start.state_dict())
+        updates = hogwild_worker(models["yours"], x, y, **settings)
+        want = _reference_worker(models["right"], x, y, **settings)
+        _reference_worker(models["once"], x, y, **settings, reshuffle=False)
+        _reference_worker(models["unshuffled"], x, y, **settings, shuffle=False)
+        yours = models["yours"].weight.detach()
+        expect(not torch.equal(yours, start.weight), "8.2: the model you were given did not change: train it in "
+                                                     "place (a copy of it never reaches the shared memory).")
+        for kind, message in (("unshuffled", "you walked the samples in their order: shuffle with "
+                                             "torch.randperm(len(x), generator=g) every epoch"),
+                              ("once", "you shuffled once and reused that order: draw a new permutation every "
+                                       "epoch from the same generator")):
+            expect(not torch.allclose(yours, models[kind].weight.detach(), rtol=0, atol=1e-12), f"8.2: {message}.")
+        expect(torch.allclose(yours, models["right"].weight.detach(), rtol=0, atol=1e-12),
+               f"8.2: after {settings['epochs']} epochs the weights differ from plain SGD (lr {settings['lr']}, batches "
+               f"of {settings['batch_size']} in the order of torch.randperm(len(x), generator="
+               f"torch.Generator().manual_seed(seed)), a new permutation each epoch) by up to "
+               f"{(yours - models['right'].weight.detach()).abs().max().item():.3g}.")
+        expect(updates == want, f"8.2: return the number of updates this process made: {want}, not {updates!r}.")
+
+        shards = _block_problem(2)
+        shared = nn.Linear(8, 3, bias=False).double()
+        with torch.no_grad():
+            shared.weight.zero_()
+        shared.share_memory()
+        payload = cloudpickle.dumps(hogwild_worker)
+        counts = run_processes(_by_value, [(payload, shared, sx, sy, 2, 4, 0.1, r) for r, (sx, sy) in enumerate(shards)],
+                               timeout=120)
+        weight = shared.weight.detach()
+        moved = [bool(weight[:, 4 * r:4 * (r + 1)].abs().sum() > 0) for r in range(2)]
+        expect(all(moved), f"8.2: in two processes sharing one model, the weights that only process(es) "
+                           f"{[r for r, m in enumerate(moved) if not m]} update did not change: each process must "
+                           f"update the shared model it is given, not a copy.")
+        expect(counts == [6, 6], f"8.2: in two processes each should make 6 updates (2 epochs of 12 samples in "
+                                 f"batches of 4); they reported {counts}.")
+
+
+# --- 8.3 Parle's two directions ---------------------------------------------------------------------
+
+
+def check_parle_directions(parle_directions) -> None:
+    """Exercise 8.3: the inner step's and the synchronisation's gradients of Parle, for one tensor."""
+    with exercise("8.3"):
+        generator = torch.Generator().manual_seed(11)
+        grad, y, x, z, z_mean = (torch.randn(3, 4, generator=generator, dtype=torch.float64) for _ in range(5))
+        for gamma, rho in ((0.03, 0.5), (0.0, 0.2), (0.7, 0.0)):
+            got = parle_directions(grad.clone(), y.clone(), x.clone(), z.clone(), z_mean.clone(), gamma, rho)
+            expect(isinstance(got, tuple) and len(got) == 2, f"8.3: return the pair (inner, sync), got {type(got).__name__}")
+            inner, sync = got
+            want_inner = grad + gamma * (y - x)
+            want_sync = gamma * (x - z) + rho * (x - z_mean)
+            if not torch.allclose(inner, want_inner):
+                flipped = torch.allclose(inner, grad + gamma * (x - y))
+                expect(False, f"8.3 (gamma {gamma}): the inner direction " + (
+                    "pulls away from x: the gradient of gamma/2 |y - x|^2 with respect to y is gamma (y - x)."
+                    if flipped else "should be grad + gamma (y - x): the loss's gradient plus the proximal term's."))
+            if not torch.allclose(sync, want_sync):
+                own = torch.allclose(sync, gamma * (x - z) + rho * (x - z))
+                expect(False, f"8.3 (gamma {gamma}, rho {rho}): the synchronisation direction " + (
+                    "pulls towards the replica's own average z twice: the elastic term pulls towards the mean "
+                    "over the replicas, z_mean." if own else "should be gamma (x - z) + rho (x - z_mean)."))
