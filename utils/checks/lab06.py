@@ -48,6 +48,11 @@ HINTS = {
    one dist.all_reduce of the two, then divide. Evaluate as you like (rank 0 alone is fine).
 6. Only rank 0 prints the epoch line and saves ddp_model.module.state_dict() to args.out/model.pt.
 7. try: ... finally: dist.destroy_process_group(), so a failing step still tears the group down.""",
+    "6.2": """Step by step:
+1. limits = (2**20, bucket_cap_mb * 2**20): the first bucket's limit, then every other bucket's.
+2. Walk param_bytes adding each size to the open bucket; once it holds at least its limit (the limit of
+   bucket number len(buckets), the first or the others), append its size to the list and open a new one.
+3. At the end, a bucket that is not empty is the last one.""",
 }
 
 

@@ -26,6 +26,10 @@ HINTS = {
 2. g = torch.Generator().manual_seed(seed); for each epoch: order = torch.randperm(len(x), generator=g).
 3. For each batch of indices in order.split(batch_size): zero_grad, cross_entropy(model(x[idx]), y[idx]),
    backward, step; count the updates. Return the count.""",
+    "8.3": """Step by step:
+1. The proximal term gamma/2 |y - x|^2 has the gradient gamma * (y - x) with respect to y: inner = grad + gamma * (y - x).
+2. At a synchronisation x is pulled towards the replica's own average z with strength gamma and towards the
+   replicas' mean z_mean with strength rho: sync = gamma * (x - z) + rho * (x - z_mean).""",
 }
 
 

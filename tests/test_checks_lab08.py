@@ -1,0 +1,156 @@
+"""The checks of lab 08: right answers pass, the typical wrong ones fail with their own message.
+
+8.1 runs on a cluster of 2 MPI engines (mpiexec from the mpich wheel), as the lab does. The functions
+sent there are @interactive: ipyparallel sends them by value, as it does functions of a notebook.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from ipyparallel import interactive
+
+from check_helpers import fails
+from utils import cluster
+from utils.checks import Incorrect, NotSolved, lab08
+
+pytestmark = pytest.mark.timeout(600)
+
+
+# --- 8.1 the weight average -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def mpi_workers():
+    started = cluster.start(2, engines="mpi", backend="gloo", activate=False)
+    yield started
+    cluster.stop()
+
+
+@interactive
+def right_average(model, comm):
+    from mpi4py import MPI
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        values = tensor.detach().numpy()
+        comm.Allreduce(MPI.IN_PLACE, values, op=MPI.SUM)
+        values /= comm.Get_size()
+
+
+@interactive
+def summed(model, comm):
+    from mpi4py import MPI
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        comm.Allreduce(MPI.IN_PLACE, tensor.detach().numpy(), op=MPI.SUM)
+
+
+@interactive
+def reduced_to_root(model, comm):
+    from mpi4py import MPI
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        values = tensor.detach().numpy()
+        if comm.Get_rank() == 0:
+            comm.Reduce(MPI.IN_PLACE, values, op=MPI.SUM, root=0)
+            values /= comm.Get_size()
+        else:
+            comm.Reduce(values, None, op=MPI.SUM, root=0)
+
+
+@interactive
+def parameters_only(model, comm):
+    from mpi4py import MPI
+    for tensor in model.parameters():
+        values = tensor.detach().numpy()
+        comm.Allreduce(MPI.IN_PLACE, values, op=MPI.SUM)
+        values /= comm.Get_size()
+
+
+@interactive
+def into_a_copy(model, comm):
+    from mpi4py import MPI
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        values = tensor.detach().numpy().copy()
+        comm.Allreduce(MPI.IN_PLACE, values, op=MPI.SUM)
+        values /= comm.Get_size()
+
+
+@interactive
+def stub_average(model, comm):
+    raise NotImplementedError("Hint: x")
+
+
+def test_average_right_passes(mpi_workers):
+    lab08.check_average(mpi_workers, right_average)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (summed, "holds the sum over the ranks, not the mean"),
+    (reduced_to_root, "rank 1: scale is unchanged"),
+    (parameters_only, "running is unchanged"),
+    (into_a_copy, "rank 0: scale is unchanged"),
+], ids=["sum", "Reduce", "no buffers", "a copy"])
+def test_average_mistakes(mpi_workers, wrong, message):
+    assert message in fails(lambda fn: lab08.check_average(mpi_workers, fn), wrong, Incorrect)
+
+
+def test_average_stub(mpi_workers):
+    assert "Hint: x" in fails(lambda fn: lab08.check_average(mpi_workers, fn), stub_average, NotSolved)
+
+
+# --- 8.2 the Hogwild worker --------------------------------------------------------------------------
+
+def worker(copy_model=False, reshuffle=True, shuffle=True, count=True):
+    def hogwild_worker(model, x, y, epochs, batch_size, lr, seed):
+        import copy as copying
+
+        import torch as t
+        if copy_model:
+            model = copying.deepcopy(model)
+        optimizer = t.optim.SGD(model.parameters(), lr=lr)
+        generator = t.Generator().manual_seed(seed)
+        order, updates = t.randperm(len(x), generator=generator), 0
+        for epoch in range(epochs):
+            if epoch and reshuffle:
+                order = t.randperm(len(x), generator=generator)
+            for idx in (order if shuffle else t.arange(len(x))).split(batch_size):
+                optimizer.zero_grad()
+                t.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+                optimizer.step()
+                updates += 1
+        return updates if count else None
+    return hogwild_worker
+
+
+def test_hogwild_worker_right_passes():
+    lab08.check_hogwild_worker(worker())
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (worker(copy_model=True), "did not change: train it in place"),
+    (worker(shuffle=False), "you walked the samples in their order"),
+    (worker(reshuffle=False), "you shuffled once and reused that order"),
+    (worker(count=False), "return the number of updates"),
+], ids=["a copy", "no shuffle", "shuffled once", "no count"])
+def test_hogwild_worker_mistakes(wrong, message):
+    assert message in fails(lab08.check_hogwild_worker, wrong, Incorrect)
+
+
+# --- 8.3 Parle's directions ---------------------------------------------------------------------------
+
+def test_parle_directions_right_passes():
+    lab08.check_parle_directions(lambda g, y, x, z, zm, gamma, rho: (g + gamma * (y - x), gamma * (x - z) + rho * (x - zm)))
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda g, y, x, z, zm, gamma, rho: (g + gamma * (x - y), gamma * (x - z) + rho * (x - zm)), "pulls away from x"),
+    (lambda g, y, x, z, zm, gamma, rho: (g + gamma * (y - x), gamma * (x - z) + rho * (x - z)), "own average z twice"),
+    (lambda g, y, x, z, zm, gamma, rho: (g + gamma * (y - x), (x - z) + rho * (x - zm)), "should be gamma (x - z)"),
+    (lambda g, y, x, z, zm, gamma, rho: g + gamma * (y - x), "return the pair"),
+], ids=["proximal sign", "elastic to own z", "no gamma at sync", "one direction"])
+def test_parle_directions_mistakes(wrong, message):
+    assert message in fails(lab08.check_parle_directions, wrong, Incorrect)
+
+
+def test_step_by_step_hints():
+    assert sorted(lab08.HINTS) == ["8.1", "8.2", "8.3"]
+    with pytest.raises(ValueError, match="there is one for"):
+        lab08.hint("8.4")
