@@ -50,7 +50,15 @@ def course_map_table(results: dict) -> str:
         lines.append(f"| [{lab['notebook']}](labs/{lab['notebook']}) | {lab['topic']} | {lab['based_on']} "
                      f"| {minutes('quick_s')} | {minutes('full_s')} |")
     lines.append("")
-    lines.append(f"Measured on {results['machine']} ({results['date']}) by `benchmarks/lab_times.py`.")
+    machines: dict[str, list[str]] = {}              # labs measured at different times may differ
+    for lab in results["labs"]:
+        where = f"{lab.get('machine', results['machine'])} ({lab.get('date', results['date'])})"
+        machines.setdefault(where, []).append(lab["notebook"][:2])
+    if len(machines) == 1:
+        lines.append(f"Measured on {next(iter(machines))} by `benchmarks/lab_times.py`.")
+    else:
+        lines.append("Measured by `benchmarks/lab_times.py` on " + "; ".join(
+            f"{where}: labs {', '.join(labs)}" for where, labs in machines.items()) + ".")
     return "\n".join(lines)
 
 
@@ -85,6 +93,7 @@ def main(argv=None) -> None:
             chosen = args.labs is None or any(path.name.startswith(prefix) for prefix in args.labs)
             for mode in args.modes if chosen else []:
                 lab[f"{mode}_s"] = round(time_notebook(path, quick=(mode == "quick")), 1)
+                lab["machine"], lab["date"] = machine.one_line(), time.strftime("%Y-%m-%d")
                 print(f"{path.name}: {mode} mode {lab[f'{mode}_s']:.1f} s", flush=True)
             labs.append(lab)
         previous = {"machine": machine.one_line(), "date": time.strftime("%Y-%m-%d"), "labs": labs}
