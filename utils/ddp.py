@@ -160,6 +160,32 @@ class FlatDDP(DataParallel):
             param.grad = piece.view_as(param)
 
 
+def _all_reduce_async(tensor: torch.Tensor, group=None):
+    """``dist.all_reduce(tensor, async_op=True)``, safe to start from a gradient hook.
+
+    The course's fix for an upstream problem (torch 2.14, gloo). For every backward, torch.autograd
+    stashes a Python object, a copy of the context variables, in the thread's state
+    (pytorch/pytorch#173568), and a collective started inside backward copies that state into its
+    work object, so freeing the work takes the GIL. The last reference can be gloo's worker
+    thread's, let go just after the work completes; when that falls as the interpreter shuts down
+    (a job that ends right after its last step, or after barrier() and destroy_process_group(),
+    which leave gloo's threads running once torch.optim has imported torch._dynamo), Python ends
+    that thread inside the destructor, which may not throw, and the process aborts: "terminate
+    called without an active exception", SIGABRT (the crash of pytorch/pytorch#117762). Keeping the
+    handles, as torch's DDP does, only narrows the window: the wrapper can be freed before gloo's
+    thread lets go. So the collective starts without that object: nothing in its work needs the GIL.
+    """
+    remove = getattr(torch._C, "_remove_obj_from_tls", None)          # private; older torch lacks it
+    if remove is None or not torch._C._is_key_in_tls("context"):       # outside backward: nothing to do
+        return dist.all_reduce(tensor, group=group, async_op=True)
+    context = torch._C._get_obj_in_tls("context")
+    remove("context")
+    try:
+        return dist.all_reduce(tensor, group=group, async_op=True)
+    finally:
+        torch._C._stash_obj_in_tls("context", context)                # backward goes on with it
+
+
 class OverlapDDP(DataParallel):
     """An async all_reduce per parameter, started by a hook as soon as backward has its gradient."""
 
@@ -178,7 +204,7 @@ class OverlapDDP(DataParallel):
 
     def _launch(self, param: nn.Parameter, grad: torch.Tensor) -> None:
         grad.div_(self.world_size)
-        work = dist.all_reduce(grad, group=self.group, async_op=True)
+        work = _all_reduce_async(grad, self.group)           # from a hook: see _all_reduce_async
         _record_when_done(self.timeline, work, f"grad {tuple(param.shape)}")
         self._works[param] = work
 
@@ -260,7 +286,7 @@ class BucketedDDP(DataParallel):
         while self._next < len(self.buckets) and len(self.buckets[self._next].ready) == len(self.buckets[self._next].params):
             bucket = self.buckets[self._next]
             bucket.buffer.div_(self.world_size)
-            bucket.work = dist.all_reduce(bucket.buffer, group=self.group, async_op=True)
+            bucket.work = _all_reduce_async(bucket.buffer, self.group)
             _record_when_done(self.timeline, bucket.work, f"bucket {self._next}")
             self._next += 1
 
