@@ -21,3 +21,15 @@ def course_env(monkeypatch):
     for name in ("COURSE_QUICK", "COURSE_DEVICE", "COURSE_DATA_DIR", "COURSE_DATASET", "COURSE_DOWNLOAD"):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for the test: tiny tensors run faster on one thread than on two that fight
+    other jobs for a 2-core machine (the noise-scale test was 40x slower with two)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

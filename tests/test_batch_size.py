@@ -10,14 +10,7 @@ from utils.batch_size import fit_critical_batch, gradient_noise_scale, predicted
 from utils.train import History
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Thousands of tiny gradients: two threads fighting other jobs on a 2-core machine made
-    # the noise-scale test 40x slower than one thread.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def regression(n=512, d=32, seed=0):

@@ -9,13 +9,7 @@ from utils.landscape import filter_normalize, interpolate, random_direction, sur
 from utils.models import MLP
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny tensors: one thread is faster than two fighting other jobs on a 2-core machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def state(model):

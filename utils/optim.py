@@ -136,7 +136,17 @@ class LARS(_LayerWise):
         w.sub_(v)
 
 
-class LAMB(_LayerWise):
+class _Moments(_LayerWise):
+    """What LAMB and NovoGrad share: betas, eps and weight decay, checked the same way."""
+
+    def _check_group(self, group: dict) -> None:
+        _non_negative("lr", group["lr"])
+        _betas(group["betas"])
+        _non_negative("eps", group["eps"])
+        _non_negative("weight_decay", group["weight_decay"])
+
+
+class LAMB(_Moments):
     """Layer-wise Adaptive Moments for Batch training (You et al. 2019, "Large Batch Optimization
     for Deep Learning: Training BERT in 76 minutes", arXiv:1904.00962, algorithm 2, with
     bias-corrected moments and the scaling function phi the identity).
@@ -157,11 +167,6 @@ class LAMB(_LayerWise):
                  weight_decay: float = 0.0):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
 
-    def _check_group(self, group: dict) -> None:
-        _non_negative("lr", group["lr"])
-        _betas(group["betas"])
-        _non_negative("eps", group["eps"])
-        _non_negative("weight_decay", group["weight_decay"])
 
     def _update(self, w, g, state, group):
         beta1, beta2 = group["betas"]
@@ -178,7 +183,7 @@ class LAMB(_LayerWise):
         w.sub_(u * (group["lr"] * ratio))
 
 
-class NovoGrad(_LayerWise):
+class NovoGrad(_Moments):
     """NovoGrad (Ginsburg et al. 2019, "Stochastic Gradient Methods with Layer-wise Adaptive Moments
     for Training of Deep Networks", arXiv:1905.11286, algorithm 1; the optimiser of the NVIDIA
     data-parallelism course).
@@ -198,11 +203,6 @@ class NovoGrad(_LayerWise):
                  weight_decay: float = 0.0):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
 
-    def _check_group(self, group: dict) -> None:
-        _non_negative("lr", group["lr"])
-        _betas(group["betas"])
-        _non_negative("eps", group["eps"])
-        _non_negative("weight_decay", group["weight_decay"])
 
     def _update(self, w, g, state, group):
         beta1, beta2 = group["betas"]
