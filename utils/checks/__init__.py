@@ -57,3 +57,14 @@ def expect(condition: bool, message: str) -> None:
     """Fail the current exercise with ``message`` unless ``condition`` holds."""
     if not condition:
         raise Incorrect(message)
+
+
+def show_hint(hints: dict[str, str], name: str) -> None:
+    """Print the step-by-step hint of exercise ``name`` from a lab's ``HINTS``.
+
+    Step-by-step hints live in the check modules, never in the notebooks' cells, so the learner
+    edition shows only the stub's pointer to the idea until the learner asks for more.
+    """
+    if name not in hints:
+        raise ValueError(f"no step-by-step hint for {name!r}; there is one for: {', '.join(hints)}")
+    print(hints[name])

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import NotSolved, exercise, expect
+from . import NotSolved, exercise, expect, show_hint
 from .job_probe import INJECTED
 
 # The tiny problem the check trains: sizes that do not divide evenly (padding, a short last batch).
@@ -58,9 +58,7 @@ HINTS = {
 
 def hint(name: str) -> None:
     """Print the step-by-step hint of exercise ``name`` (e.g. ``"6.1"``)."""
-    if name not in HINTS:
-        raise ValueError(f"no step-by-step hint for {name!r}; there is one for: {', '.join(HINTS)}")
-    print(HINTS[name])
+    show_hint(HINTS, name)
 
 
 # --- running the script ---------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 
-from . import exercise, expect
+from . import exercise, expect, show_hint
 
 HINTS = {
     "7.1": """Step by step:
@@ -34,9 +34,7 @@ HINTS = {
 
 def hint(name: str) -> None:
     """Print the step-by-step hint of exercise ``name`` (e.g. ``"7.2"``)."""
-    if name not in HINTS:
-        raise ValueError(f"no step-by-step hint for {name!r}; there is one for: {', '.join(HINTS)}")
-    print(HINTS[name])
+    show_hint(HINTS, name)
 
 
 # --- 7.1 linear scaling with warm-up ----------------------------------------------------------------

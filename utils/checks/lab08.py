@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import exercise, expect
+from . import exercise, expect, show_hint
 from .engines import _prepare, _run_case, _Wrong
 
 HINTS = {
@@ -35,9 +35,7 @@ HINTS = {
 
 def hint(name: str) -> None:
     """Print the step-by-step hint of exercise ``name`` (e.g. ``"8.1"``)."""
-    if name not in HINTS:
-        raise ValueError(f"no step-by-step hint for {name!r}; there is one for: {', '.join(HINTS)}")
-    print(HINTS[name])
+    show_hint(HINTS, name)
 
 
 # --- 8.1 the weight average with Allreduce ----------------------------------------------------------
