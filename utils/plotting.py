@@ -91,3 +91,305 @@ def plot_timeline(spans: Sequence[tuple[str, str, float, float]], ax=None, title
     ax.set_title(title or "One training step")
     fig.tight_layout()
     return fig
+
+
+# ---- Figures for the lab slides (slides/build.py draws them; recorded runs name their machine) ----
+
+def _machine_note(fig, machine: str) -> None:
+    """Name the machine a recorded figure comes from, under the axes."""
+    fig.text(0.01, 0.01, f"Recorded on {machine}", fontsize=7, color="0.35", ha="left", va="bottom")
+
+
+def ring_allreduce_states(world_size: int):
+    """Which ranks' data every (rank, chunk) cell holds after each step of the ring all-reduce.
+
+    Returns a list of ``(phase, sends, state)``: ``sends`` are the ``(rank, chunk)`` each rank sends
+    to its right neighbour in that step, ``state[r][c]`` the set of ranks summed into rank r's chunk c.
+    The first entry is the start (no sends); then p - 1 reduce-scatter and p - 1 all-gather steps.
+    """
+    p = world_size
+    state = [[{r} for _ in range(p)] for r in range(p)]
+    steps = [("start", [], [[set(c) for c in row] for row in state])]
+    for phase, offset in (("reduce-scatter", 0), ("all-gather", 1)):
+        for k in range(p - 1):
+            sends = [(r, (r + offset - k) % p) for r in range(p)]
+            incoming = [(r, c, set(state[r][c])) for r, c in sends]
+            for r, c, data in incoming:
+                right = (r + 1) % p
+                state[right][c] = state[right][c] | data if phase == "reduce-scatter" else data
+            steps.append((phase, sends, [[set(c) for c in row] for row in state]))
+    return steps
+
+
+def plot_ring_allreduce_step(world_size: int, step: int, ax=None):
+    """One step of the ring all-reduce on ``world_size`` ranks as a grid (rows: ranks, columns: chunks);
+    each cell names the ranks summed into it, arrows show this step's sends. Step 0 is the start."""
+    steps = ring_allreduce_states(world_size)
+    if not 0 <= step < len(steps):
+        raise ValueError(f"step must be in 0..{len(steps) - 1} for {world_size} ranks, got {step}")
+    phase, sends, state = steps[step]
+    p = world_size
+    fig, ax = _axes(ax, figsize=(7, 1.1 + 0.9 * p))
+    letters = "abcdefghijklmnop"
+    for r in range(p):
+        for c in range(p):
+            shade = len(state[r][c]) / p
+            ax.add_patch(plt.Rectangle((c, r), 0.92, 0.8, facecolor=plt.cm.Blues(0.15 + 0.7 * shade),
+                                       edgecolor="black", linewidth=0.6))
+            text = "+".join(f"{letters[s]}{c}" for s in sorted(state[r][c]))
+            ax.text(c + 0.46, r + 0.4, text, ha="center", va="center", fontsize=9 if p <= 4 else 7,
+                    color="white" if shade > 0.6 else "black")
+    for r, c in sends:
+        right = (r + 1) % p
+        if right > r:
+            ax.annotate("", xy=(c + 0.46, right + 0.05), xytext=(c + 0.46, r + 0.75),
+                        arrowprops=dict(arrowstyle="->", color="C3", lw=2))
+        else:                                        # the wrap-around send, last rank to rank 0
+            ax.annotate("", xy=(c + 0.88, 0.1), xytext=(c + 0.88, r + 0.7),
+                        arrowprops=dict(arrowstyle="->", color="C3", lw=1.5, ls="--",
+                                        connectionstyle="arc3,rad=-0.35"))
+    ax.set_xlim(-0.1, p + 0.1)
+    ax.set_ylim(p, -0.1)
+    ax.set_xticks([c + 0.46 for c in range(p)], [f"chunk {c}" for c in range(p)])
+    ax.set_yticks([r + 0.4 for r in range(p)], [f"rank {r}" for r in range(p)])
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    total = 2 * (p - 1)
+    title = "start: every rank holds its own vector" if step == 0 else \
+        f"step {step} of {total} ({phase}): every rank sends one chunk to its right neighbour"
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def fit_alpha_beta(n_bytes: Sequence[float], seconds: Sequence[float]) -> tuple[float, float]:
+    """Least-squares fit of ``t = alpha + beta * n`` weighted by 1/t (relative errors), as (alpha, beta)."""
+    import numpy as np
+
+    n, t = np.asarray(n_bytes, dtype=float), np.asarray(seconds, dtype=float)
+    if len(n) < 2:
+        raise ValueError("fitting alpha and beta needs at least two message sizes")
+    weights = 1 / t
+    design = np.stack([np.ones_like(n), n], axis=1) * weights[:, None]
+    (alpha, beta), *_ = np.linalg.lstsq(design, t * weights, rcond=None)
+    return float(alpha), float(beta)
+
+
+def plot_alpha_beta(rows: Sequence[Mapping], machine: str, key: str = "gloo_seconds", ax=None):
+    """Measured all-reduce time against message size, one colour per world size, with the fitted
+    alpha-beta line (rows as ``benchmarks/bench_allreduce.py`` records them)."""
+    import numpy as np
+
+    fig, ax = _axes(ax, figsize=(7, 4.2))
+    for i, p in enumerate(sorted({row["world_size"] for row in rows})):
+        mine = [row for row in rows if row["world_size"] == p]
+        n = np.array([row["n_bytes"] for row in mine], dtype=float)
+        t = np.array([row[key] for row in mine], dtype=float)
+        alpha, beta = fit_alpha_beta(n, t)
+        ax.loglog(n, t * 1e3, "o", color=f"C{i}", label=f"{p} ranks measured")
+        grid = np.geomspace(n.min(), n.max(), 50)
+        ax.loglog(grid, (alpha + beta * grid) * 1e3, "-", color=f"C{i}",
+                  label=f"{p} ranks: alpha = {alpha * 1e6:.0f} us, 1/beta = {1 / beta / 1e9:.2f} GB/s")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("all-reduce time (ms)")
+    ax.set_title("t = alpha + beta * n: latency for small messages, bandwidth for large ones")
+    ax.legend(fontsize=8)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    _machine_note(fig, machine)
+    return fig
+
+
+def plot_ddp_variants(rows: Sequence[Mapping], model: str, machine: str, ax=None):
+    """Throughput of each data-parallel variant, one group of bars per world size
+    (rows as ``benchmarks/bench_ddp.py`` records them)."""
+    mine = [row for row in rows if row["model"] == model]
+    if not mine:
+        raise ValueError(f"no rows for model {model!r}; models recorded: {sorted({r['model'] for r in rows})}")
+    variants = list(dict.fromkeys(row["variant"] for row in mine))
+    sizes = sorted({row["world_size"] for row in mine})
+    fig, ax = _axes(ax, figsize=(8, 4.2))
+    width = 0.8 / len(sizes)
+    for i, p in enumerate(sizes):
+        values = {row["variant"]: row["samples_per_s"] for row in mine if row["world_size"] == p}
+        ax.bar([v + i * width for v in range(len(variants))], [values.get(name, 0) for name in variants],
+               width=width, label=f"{p} ranks")
+    ax.set_xticks([v + width * (len(sizes) - 1) / 2 for v in range(len(variants))], variants)
+    ax.set_ylabel("throughput (samples/s)")
+    ax.set_title(f"Data-parallel variants, model '{model}' (no-comm: the step without communication)")
+    ax.legend()
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    _machine_note(fig, machine)
+    return fig
+
+
+def predicted_speedup(workers: Sequence[int], compute_s: float, grad_bytes: float, alpha: float,
+                      beta: float) -> list[float]:
+    """Weak-scaling speed-up of p workers under the alpha-beta model of a ring all-reduce:
+    p * t_c / (t_c + 2 (p - 1) alpha + 2 (p - 1) / p * n * beta), no overlap."""
+    return [p * compute_s / (compute_s + 2 * (p - 1) * alpha + 2 * (p - 1) / p * grad_bytes * beta)
+            for p in workers]
+
+
+def plot_speedup(workers: Sequence[int], curves: Mapping[str, Sequence[float]], machine: str,
+                 measured: Mapping[str, tuple[Sequence[int], Sequence[float]]] | None = None, ax=None):
+    """Speed-up against workers: the ideal line, predicted curves, and measured points."""
+    fig, ax = _axes(ax, figsize=(7, 4.2))
+    ax.plot(workers, workers, "k:", label="ideal")
+    for i, (label, values) in enumerate(curves.items()):
+        ax.plot(workers, values, "-", color=f"C{i}", label=f"{label}: predicted")
+        if measured and label in measured:
+            ax.plot(*measured[label], "o", color=f"C{i}", label=f"{label}: measured")
+    ax.set_xlabel("workers p")
+    ax.set_ylabel("speed-up")
+    ax.set_title("Speed-up against workers: communication takes a growing share")
+    ax.legend(fontsize=8)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    _machine_note(fig, machine)
+    return fig
+
+
+def _diagram(fig, ax, xlabel: str = "time"):
+    """A diagram has no measured scale: hide the numbers on the time axis."""
+    ax.set_xticks([])
+    ax.set_xlabel(xlabel)
+    return fig
+
+
+def plot_bucket_overlap(n_layers: int = 6, per_bucket: int = 2, compute: float = 1.0, comm: float = 0.7):
+    """Diagram: backward then one all-reduce, against buckets all-reduced while backward runs.
+
+    Durations are in arbitrary units (``compute`` per layer, ``comm`` per bucket of ``per_bucket``
+    layers, plus a fixed latency per call); the time axis has no numbers."""
+    latency = 0.3 * comm
+    spans = []
+    backward_end = n_layers * compute
+    n_buckets = -(-n_layers // per_bucket)
+    for lane in ("no overlap", "buckets"):           # backward runs from the last layer to the first
+        spans += [(f"{lane}: compute", f"grad L{n_layers - layer}", layer * compute, (layer + 1) * compute)
+                  for layer in range(n_layers)]
+        if lane == "no overlap":
+            spans.append(("no overlap: all-reduce", "all-reduce", backward_end,
+                          backward_end + latency + comm * n_buckets))
+    free = 0.0
+    for b in range(n_buckets):
+        ready = min(n_layers, (b + 1) * per_bucket) * compute
+        start = max(ready, free)
+        free = start + latency + comm
+        spans.append(("buckets: all-reduce", f"bucket {b}", start, free))
+    fig = plot_timeline([(lane, label, s / 10, e / 10) for lane, label, s, e in spans],
+                        title="Buckets start their all-reduce as soon as their gradients are ready")
+    return _diagram(fig, fig.axes[0])
+
+
+def plot_local_sgd(workers: int = 3, period: int = 4, rounds: int = 2):
+    """Diagram: local SGD, each worker takes ``period`` steps alone, then the weights are averaged."""
+    spans = []
+    t = 0.0
+    for _ in range(rounds):
+        for w in range(workers):
+            for k in range(period):
+                spans.append((f"worker {w}", "step", t + k, t + k + 0.9))
+        t += period
+        for w in range(workers):
+            spans.append((f"worker {w}", "average", t, t + 1.2))
+        t += 1.3
+    fig = plot_timeline([(lane, label, s / 10, e / 10) for lane, label, s, e in spans],
+                        title=f"Local SGD: {period} local steps, then one weight average (K = {period})")
+    return _diagram(fig, fig.axes[0])
+
+
+def plot_sync_points():
+    """Diagram: a host that reads the loss every step waits for the device; one that does not stays ahead."""
+    spans = []
+    for s in range(3):                               # .item() every step: launch, wait, read
+        base = s * 3.2
+        spans += [("host, .item() per step", "launch", base, base + 0.6),
+                  ("host, .item() per step", "wait", base + 0.6, base + 2.8),
+                  ("device, .item() per step", "step", base + 0.6, base + 2.8)]
+    for s in range(3):                               # no sync: launches queue up, the device never idles
+        spans += [("host, no sync point", "launch", s * 0.7, s * 0.7 + 0.6),
+                  ("device, no sync point", "step", 0.6 + s * 2.2, 0.6 + (s + 1) * 2.2)]
+    fig = plot_timeline([(lane, label, s / 10, e / 10) for lane, label, s, e in spans],
+                        title="A sync point per step makes the host wait and leaves gaps on the device")
+    return _diagram(fig, fig.axes[0])
+
+
+def plot_critical_batch(noise_scale: float = 1024.0, min_steps: float = 1000.0, ax=None):
+    """McCandlish et al. (2018): steps S = S_min (1 + B_noise / B) and examples E = E_min (1 + B / B_noise)
+    to reach a target, against batch size B; the critical batch B_crit = E_min / S_min = B_noise."""
+    import numpy as np
+
+    batches = np.geomspace(noise_scale / 64, noise_scale * 64, 200)
+    steps = min_steps * (1 + noise_scale / batches)
+    examples = min_steps * noise_scale * (1 + batches / noise_scale)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8)) if ax is None else (ax.figure, [ax, ax.twinx()])
+    axes[0].loglog(batches, steps, "C0")
+    axes[0].axhline(min_steps, color="C0", ls=":")
+    axes[0].set_ylabel("steps to target")
+    axes[1].loglog(batches, examples, "C1")
+    axes[1].axhline(min_steps * noise_scale, color="C1", ls=":")
+    axes[1].set_ylabel("examples to target")
+    for a, text in zip(axes, ("S_min", "E_min")):
+        a.axvline(noise_scale, color="k", ls="--", lw=1)
+        a.set_xlabel("batch size B")
+        a.set_xticks([noise_scale], ["B_crit"])
+        a.set_yticks([], minor=True)
+        a.set_yticks([])
+        a.set_title(f"{'twice' if a is axes[0] else 'and twice'} {text} at B_crit", fontsize=10)
+    fig.suptitle("Below B_crit a bigger batch saves steps; above it, it mostly costs examples", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def plot_lr_schedule(lrs: Sequence[float], warmup_steps: int, title: str | None = None, ax=None):
+    """Learning rate against optimizer step, with the end of the warm-up marked."""
+    fig, ax = _axes(ax, figsize=(7, 3.6))
+    ax.plot(range(len(lrs)), lrs, "C0")
+    ax.axvline(warmup_steps, color="k", ls="--", lw=1, label=f"end of warm-up (step {warmup_steps})")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("learning rate")
+    ax.set_title(title or "Linear warm-up, then the schedule")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def plot_mlp(layer_sizes: Sequence[int], ax=None):
+    """Diagram of a fully connected network: one box per layer, its width on top."""
+    fig, ax = _axes(ax, figsize=(8, 3))
+    top = max(layer_sizes)
+    for i, size in enumerate(layer_sizes):
+        height = 0.3 + 0.7 * size / top
+        ax.add_patch(plt.Rectangle((i * 2, -height / 2), 0.6, height, facecolor=f"C{min(i, 1)}", alpha=0.6))
+        ax.text(i * 2 + 0.3, height / 2 + 0.08, str(size), ha="center", fontsize=10)
+        if i:
+            ax.annotate("", xy=(i * 2, 0), xytext=(i * 2 - 1.4, 0), arrowprops=dict(arrowstyle="->"))
+            ax.text(i * 2 - 0.7, 0.08, "Linear" + (" + tanh" if i < len(layer_sizes) - 1 else ""),
+                    ha="center", fontsize=8)
+    ax.set_xlim(-0.5, 2 * len(layer_sizes) - 1)
+    ax.set_ylim(-0.8, 0.9)
+    ax.axis("off")
+    ax.set_title("input -> hidden layers -> class scores")
+    fig.tight_layout()
+    return fig
+
+
+def plot_lab_times(labs: Sequence[Mapping], ax=None):
+    """Minutes per lab in quick and full mode (``benchmarks/results/lab_times.json``'s labs),
+    each bar labelled with the machine it was measured on."""
+    fig, ax = _axes(ax, figsize=(8, 4))
+    names = [lab["notebook"][:2] for lab in labs]
+    for i, (mode, label) in enumerate((("quick_s", "quick mode"), ("full_s", "full mode"))):
+        ax.bar([x + 0.4 * i for x in range(len(labs))], [(lab.get(mode) or 0) / 60 for lab in labs],
+               width=0.4, label=label)
+    ax.set_xticks([x + 0.2 for x in range(len(labs))], [f"lab {n}" for n in names])
+    ax.set_ylabel("minutes")
+    ax.set_title("Run time of each lab")
+    ax.legend()
+    machines = sorted({lab.get("machine", "") for lab in labs})
+    fig.tight_layout(rect=(0, 0.04 * len(machines), 1, 1))
+    for i, machine in enumerate(machines):
+        fig.text(0.01, 0.01 + 0.035 * i, f"labs {', '.join(l['notebook'][:2] for l in labs if l.get('machine', '') == machine)}:"
+                 f" {machine}", fontsize=7, color="0.35")
+    return fig

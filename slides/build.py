@@ -1,0 +1,294 @@
+"""Build every deck in slides/ into reveal.js HTML and a PDF, offline.
+
+    python -m slides.build                       # every deck into build/slides/ (HTML + PDF)
+    python -m slides.build --no-pdf 03_collectives
+
+A deck is Markdown: slides are separated by a line holding only `---`, and everything after a line
+starting `Note:` is that slide's speaker notes. Figures are drawn here by `utils.plotting`, from
+the recorded runs in benchmarks/results/ (the machine named on each) or as diagrams from code, into
+build/slides/figures/. reveal.js comes from its npm package (slides/package.json, pinned by
+slides/package-lock.json) and is copied beside the decks, so opening a deck fetches nothing.
+The PDF is headless Chromium printing the deck's print view (`?print-pdf`), one page per slide.
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SLIDES = ROOT / "slides"
+RESULTS = ROOT / "benchmarks" / "results"
+REVEAL = SLIDES / "node_modules" / "reveal.js"
+# The only reveal.js files a deck loads. The white theme embeds its fonts; the math and highlight
+# plugins and most other themes fetch from the internet, so they are left out.
+REVEAL_FILES = ("dist/reset.css", "dist/reveal.css", "dist/theme/white.css", "dist/reveal.js",
+                "dist/plugin/markdown.js", "dist/plugin/notes.js")
+SEPARATOR = re.compile(r"\r?\n---[ \t]*\r?\n")  # the same as data-separator in TEMPLATE
+FIGURE = re.compile(r"figures/([\w.-]+\.svg)")
+
+TEMPLATE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1.0">
+<title>{title}</title>
+<link rel="icon" href="data:,">
+<link rel="stylesheet" href="reveal/dist/reset.css">
+<link rel="stylesheet" href="reveal/dist/reveal.css">
+<link rel="stylesheet" href="reveal/dist/theme/white.css">
+<style>
+  .reveal {{ font-size: 30px; }}
+  .reveal h1 {{ font-size: 1.9em; }} .reveal h2 {{ font-size: 1.35em; }}
+  .reveal section img {{ width: 82%; max-height: 470px; object-fit: contain; margin: 0.2em auto; background: white; }}
+  .reveal .r-stack img {{ max-height: 460px; }}
+  .reveal ul, .reveal ol {{ display: block; }}
+  .reveal small {{ color: #555; }}
+</style>
+</head>
+<body>
+<div class="reveal"><div class="slides">
+<section data-markdown data-separator="\\r?\\n---[ \\t]*\\r?\\n" data-separator-notes="^Note:"><textarea data-template>
+{markdown}
+</textarea></section>
+</div></div>
+<script src="reveal/dist/reveal.js"></script>
+<script src="reveal/dist/plugin/markdown.js"></script>
+<script src="reveal/dist/plugin/notes.js"></script>
+<script>
+  Reveal.initialize({{
+    hash: true, slideNumber: "c/t", transition: "none",
+    pdfSeparateFragments: false, pdfMaxPagesPerSlide: 1,
+    plugins: [RevealMarkdown, RevealNotes]
+  }});
+</script>
+</body>
+</html>
+"""
+
+
+def decks(names: list[str] | None = None) -> list[Path]:
+    """The deck sources, in course order; ``names`` picks decks by file-name prefix."""
+    found = sorted(SLIDES.glob("*.md"), key=lambda p: (p.stem == "assessment", p.stem))
+    found = [p for p in found if p.name != "README.md"]
+    if names:
+        picked = [p for p in found if any(p.stem.startswith(n) for n in names)]
+        if not picked:
+            raise SystemExit(f"no deck matches {names}; decks: {', '.join(p.stem for p in found)}")
+        return picked
+    return found
+
+
+def split_slides(text: str) -> list[str]:
+    """The slides of a deck source, as the markdown plugin splits them."""
+    return SEPARATOR.split(text.strip("\n"))
+
+
+def notes_of(slide: str) -> str:
+    """A slide's speaker notes (after its `Note:` line), or ''."""
+    parts = re.split(r"^Note:", slide, maxsplit=1, flags=re.MULTILINE)
+    return parts[1].strip() if len(parts) == 2 else ""
+
+
+def check_source(path: Path) -> list[str]:
+    """What is wrong with a deck source, in words (empty when nothing)."""
+    problems = []
+    text = path.read_text(encoding="utf-8")
+    for i, slide in enumerate(split_slides(text), 1):
+        if not slide.strip():
+            problems.append(f"{path.name}: slide {i} is empty (two `---` lines in a row?)")
+        elif not notes_of(slide):
+            problems.append(f"{path.name}: slide {i} has no speaker notes (add a `Note:` line and notes)")
+    if "</textarea" in text.lower():
+        problems.append(f"{path.name}: the text `</textarea` would end the deck early; reword it")
+    return problems
+
+
+def _recorded(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def _machine(result: dict) -> str:
+    machine = result["machine"]
+    if isinstance(machine, str):
+        return f"{machine} ({result.get('date', 'date not recorded')})"
+    gpu = f", {machine['gpu']}" if machine.get("gpu") else ", no GPU"
+    return (f"{machine['cpu']}, {machine['cores']} cores{gpu}, torch {machine['torch']}"
+            f" ({result.get('date', 'date not recorded')})")
+
+
+def figures() -> dict:
+    """{file name: function returning a Figure}: every figure the decks may show."""
+    from utils import plotting
+
+    def mlp():
+        model = _recorded("ddp_xeon16.json")["settings"]["models"]["lab-01"]
+        return plotting.plot_mlp([model["d_in"]] + [model["d_hidden"]] * (model["n_layers"] - 1)
+                                 + [model["n_classes"]])
+
+    def alpha_beta():
+        result = _recorded("allreduce_overlap_xeon16.json")
+        return plotting.plot_alpha_beta(result["rows"], _machine(result))
+
+    def ddp_variants():
+        result = _recorded("ddp_xeon16.json")
+        return plotting.plot_ddp_variants(result["rows"], "larger", _machine(result))
+
+    def speedup():
+        # Predicted from the measured alpha and beta (gloo, 2 ranks) and the measured compute step
+        # (the no-communication variant); measured: p x compute step / DDP step.
+        allreduce, ddp = _recorded("allreduce_overlap_xeon16.json"), _recorded("ddp_xeon16.json")
+        two = [r for r in allreduce["rows"] if r["world_size"] == 2]
+        alpha, beta = plotting.fit_alpha_beta([r["n_bytes"] for r in two], [r["gloo_seconds"] for r in two])
+        workers = list(range(1, 17))
+        curves, measured = {}, {}
+        for model in ("lab-01", "larger"):
+            rows = {(r["world_size"], r["variant"]): r for r in ddp["rows"] if r["model"] == model}
+            compute = rows[(2, "no-comm")]["median_step_ms"] / 1e3
+            grad_bytes = rows[(2, "no-comm")]["grad_mib"] * 2 ** 20
+            label = f"{model} ({rows[(2, 'no-comm')]['grad_mib']:.1f} MiB of gradients)"
+            curves[label] = plotting.predicted_speedup(workers, compute, grad_bytes, alpha, beta)
+            sizes = sorted({p for p, _ in rows})
+            measured[label] = (sizes, [p * rows[(p, "no-comm")]["median_step_ms"] / rows[(p, "torch-ddp")]["median_step_ms"]
+                                       for p in sizes])
+        return plotting.plot_speedup(workers, curves, _machine(ddp), measured)
+
+    def warmup():
+        import torch
+
+        from utils.optim import linear_warmup
+
+        optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.8)
+        total, warm = 300, 50
+        after = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total - warm)
+        scheduler = linear_warmup(optimizer, warm, start_factor=0.1, after=after)
+        lrs = []
+        for _ in range(total):
+            lrs.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            scheduler.step()
+        return plotting.plot_lr_schedule(lrs, warm, "utils.optim.linear_warmup: from lr/10 to lr, then cosine")
+
+    def lab_times():
+        return plotting.plot_lab_times(_recorded("lab_times.json")["labs"])
+
+    made = {"mlp.svg": mlp, "alpha_beta.svg": alpha_beta, "ddp_variants.svg": ddp_variants,
+            "speedup.svg": speedup, "warmup.svg": warmup, "lab_times.svg": lab_times,
+            "sync_points.svg": plotting.plot_sync_points, "bucket_overlap.svg": plotting.plot_bucket_overlap,
+            "critical_batch.svg": plotting.plot_critical_batch, "local_sgd.svg": plotting.plot_local_sgd}
+    for step in range(7):
+        made[f"ring_step_{step}.svg"] = lambda step=step: plotting.plot_ring_allreduce_step(4, step)
+    return made
+
+
+def draw_figures(out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    # Text as paths: the SVG needs no font on the machine that shows it. No date, so a rebuild is stable.
+    with matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": "course"}):
+        for name, draw in figures().items():
+            fig = draw()
+            fig.savefig(out / name, facecolor="white", metadata={"Date": None})
+            plt.close(fig)
+            written.append(out / name)
+    return written
+
+
+def reveal_version() -> str:
+    return json.loads((REVEAL / "package.json").read_text())["version"]
+
+
+def ensure_reveal() -> None:
+    """reveal.js from npm as the lock file pins it, installed with `npm ci` when missing."""
+    pinned = json.loads((SLIDES / "package-lock.json").read_text())["packages"]["node_modules/reveal.js"]["version"]
+    if REVEAL.exists() and reveal_version() == pinned:
+        return
+    npm = shutil.which("npm")
+    if npm is None:
+        raise SystemExit("reveal.js is not installed and npm is missing: install node and npm "
+                         "(`sudo apt-get install nodejs npm`, or `bash .ci/setup/20-browser.sh` as root), "
+                         "then run `make slides` again")
+    subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=SLIDES, check=True)
+
+
+def write_deck(source: Path, out: Path) -> dict:
+    text = source.read_text(encoding="utf-8")
+    problems = check_source(source)
+    missing = sorted({name for name in FIGURE.findall(text) if name not in figures()})
+    problems += [f"{source.name}: figure {name} is not drawn by slides/build.py's figures()" for name in missing]
+    if problems:
+        raise SystemExit("\n".join(problems))
+    title = next((line[2:].strip() for line in text.splitlines() if line.startswith("# ")), source.stem)
+    page = TEMPLATE.format(title=html.escape(title), markdown=html.escape(text.strip("\n"), quote=False))
+    target = out / f"{source.stem}.html"
+    target.write_text(page, encoding="utf-8")
+    return {"deck": source.stem, "title": title, "html": target, "slides": len(split_slides(text))}
+
+
+def print_pdfs(built: list[dict], out: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    from slides.chromium import Browser
+
+    with Browser() as browser:
+        for deck in built:
+            page = browser.new_page()
+            page.goto(deck["html"].resolve().as_uri() + "?print-pdf")
+            # Print once reveal.js has laid out one page per slide and every figure has loaded.
+            page.wait_for(f"window.Reveal && Reveal.isReady() && "
+                          f"document.querySelectorAll('.pdf-page').length === {deck['slides']} && "
+                          f"Array.from(document.images).every(i => i.complete)")
+            page.evaluate("document.fonts.ready.then(() => true)")
+            deck["pdf"] = out / f"{deck['deck']}.pdf"
+            deck["pdf"].write_bytes(page.pdf())
+            page.send("Page.close")
+
+
+def build(out: Path = ROOT / "build" / "slides", names: list[str] | None = None, pdf: bool = True) -> list[dict]:
+    ensure_reveal()
+    out.mkdir(parents=True, exist_ok=True)
+    for name in REVEAL_FILES:
+        (out / "reveal" / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REVEAL / name, out / "reveal" / name)
+    shutil.copy2(REVEAL / "LICENSE", out / "reveal" / "LICENSE")
+    draw_figures(out / "figures")
+    built = [write_deck(source, out) for source in decks(names)]
+    if pdf:
+        print_pdfs(built, out)
+    return built
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("decks", nargs="*", help="deck names or prefixes (default: every deck)")
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "slides")
+    parser.add_argument("--no-pdf", action="store_true", help="HTML only (no Chromium needed)")
+    args = parser.parse_args(argv)
+    if not args.no_pdf:
+        from slides.chromium import INSTALL_HINT, find_chromium
+
+        if find_chromium() is None:
+            print(f"make slides prints the PDFs with headless Chromium, which is missing: {INSTALL_HINT}. "
+                  "For the HTML decks alone: python -m slides.build --no-pdf", file=sys.stderr)
+            return 1
+    built = build(args.out, args.decks, pdf=not args.no_pdf)
+    for deck in built:
+        files = deck["html"].name + (f" + {deck['pdf'].name}" if "pdf" in deck else "")
+        print(f"{deck['deck']:<24} {deck['slides']:>3} slides  {files}")
+    print(f"reveal.js {reveal_version()}; open {args.out / built[0]['html'].name} in a browser "
+          "(S: speaker view with notes and timer, Esc: overview)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    sys.exit(main())
