@@ -1,16 +1,21 @@
 """The checks of lab 04 (DDP): right answers pass, typical wrong ones fail with a message naming the fix.
 
-One 2-engine cluster serves the whole module (a start costs seconds). The solutions below run on the
+One 3-engine cluster serves the whole module (a start costs seconds): on 2 ranks every other rank is
+both the first and the last, and mistakes such as comparing only those two copies cannot show. The solutions below run on the
 engines: ``@interactive`` makes ipyparallel send them by value, and their global names (torch, dist,
 device, rank) are looked up in the engines' namespace, as for functions defined in a notebook.
 """
 from __future__ import annotations
 
+import re
+
+import nbformat
 import pytest
 from ipyparallel import interactive
 
 from check_helpers import fails
-from utils import cluster
+from notebook_runner import ROOT
+from utils import cluster, release
 from utils.checks import Incorrect, NotSolved, lab04
 
 pytestmark = pytest.mark.timeout(600)
@@ -18,7 +23,7 @@ pytestmark = pytest.mark.timeout(600)
 
 @pytest.fixture(scope="module")
 def workers():
-    started = cluster.start(2, backend="gloo", activate=False)
+    started = cluster.start(3, backend="gloo", activate=False)
     yield started
     cluster.stop()
 
@@ -107,6 +112,26 @@ def shard_unshuffled(n, rank, world_size, epoch, seed=0, drop_last=False):
 shard_ignores_drop_last = _sampler_like(honour_drop_last=False)
 
 
+@interactive
+def shard_with_the_sampler(n, rank, world_size, epoch, seed=0, drop_last=False):
+    from torch.utils.data import DistributedSampler
+
+    sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, seed=seed, drop_last=drop_last)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+@interactive
+def shard_global_generator(n, rank, world_size, epoch, seed=0, drop_last=False):
+    import math
+
+    torch.manual_seed(seed + epoch)             # the right permutation, but it reseeds the whole program
+    order = torch.randperm(n).tolist()
+    total = (n // world_size if drop_last else math.ceil(n / world_size)) * world_size
+    order = (order * math.ceil(total / n))[:total]
+    return order[rank:total:world_size]
+
+
 def test_shard_right(workers, capsys):
     lab04.check_shard(workers, shard_indices)
     assert "\u2713 Exercise 4.1 (shard_indices): passed" in capsys.readouterr().out
@@ -118,6 +143,8 @@ def test_shard_right(workers, capsys):
     (shard_blocks, "deals the indices out like cards"),
     (shard_unshuffled, "shuffle them first"),
     (shard_ignores_drop_last, "drop_last=True cut the permutation"),
+    (shard_with_the_sampler, "used DistributedSampler itself"),
+    (shard_global_generator, "changed torch's global random generator"),
 ])
 def test_shard_wrong(workers, wrong, fix):
     message = fails(lambda f: lab04.check_shard(workers, f), wrong, Incorrect)
@@ -220,6 +247,48 @@ def replicas_cry_wolf(model):
     return True
 
 
+@interactive
+def replicas_first_and_last(model):
+    ok = True
+    for tensor in model.state_dict().values():
+        copies = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+        dist.all_gather(copies, tensor.detach().contiguous())
+        ok = ok and torch.equal(copies[0], copies[-1])
+    return ok
+
+
+@interactive
+def replicas_checksum(model):
+    # one number per tensor, exact in float64: misses elements that trade places
+    same = torch.ones(1)
+    for tensor in model.state_dict().values():
+        low = tensor.double().sum().reshape(1)
+        high = low.clone()
+        dist.all_reduce(low, op=dist.ReduceOp.MIN)
+        dist.all_reduce(high, op=dist.ReduceOp.MAX)
+        if not torch.equal(low, high):
+            same.zero_()
+    return bool(same.item())
+
+
+@interactive
+def replicas_in_half_precision(model):
+    ok = True
+    for tensor in model.state_dict().values():
+        mine = tensor.detach().half()
+        copies = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(copies, mine)
+        ok = ok and all(torch.equal(copy, mine) for copy in copies)
+    return ok
+
+
+@interactive
+def replicas_with_the_library(model):
+    from utils import replicas
+
+    return all(d == 0 for d in replicas.replica_differences(model).values())
+
+
 @pytest.mark.parametrize("right", [replicas_equal, replicas_equal_one_gather])
 def test_replicas_right(workers, capsys, right):
     lab04.check_replicas_equal(workers, right)
@@ -234,6 +303,10 @@ def test_replicas_right(workers, capsys, right):
     (replicas_all_reduce_in_place, "replicas_equal changed the model"),
     (replicas_local_answer, "the ranks disagree"),
     (replicas_cry_wolf, "must not cry wolf"),
+    (replicas_first_and_last, "not only the first and the last rank's"),
+    (replicas_checksum, "trade places"),
+    (replicas_in_half_precision, "in a lower precision"),
+    (replicas_with_the_library, "the library version of this exercise"),
 ])
 def test_replicas_wrong(workers, wrong, fix):
     message = fails(lambda f: lab04.check_replicas_equal(workers, f), wrong, Incorrect)
@@ -264,7 +337,7 @@ def global_mean(total, count):
 
 @interactive
 def mean_of_means(total, count):
-    mean = torch.tensor([total / count if count else 0.0])
+    mean = torch.tensor([total / count if count else 0.0], dtype=torch.float64)
     dist.all_reduce(mean)
     return mean.item() / dist.get_world_size()
 
@@ -302,6 +375,20 @@ def mean_on_rank_zero_only(total, count):
     return (both[0] / both[1]).item() if dist.get_rank() == 0 else None
 
 
+@interactive
+def mean_in_float32(total, count):
+    both = torch.tensor([float(total), float(count)])   # float32: about 7 significant digits
+    dist.all_reduce(both)
+    return (both[0] / both[1]).item()
+
+
+@interactive
+def mean_with_the_library(total, count):
+    from utils import replicas
+
+    return replicas.mean_over_ranks(total, count)
+
+
 def test_global_mean_right(workers, capsys):
     lab04.check_global_mean(workers, global_mean)
     assert "\u2713 Exercise 4.3 (global_mean): passed" in capsys.readouterr().out
@@ -314,6 +401,8 @@ def test_global_mean_right(workers, capsys):
     (summed_totals, "divide by the sum of the counts"),
     (mean_as_tensor, "return a Python float (.item())"),
     (mean_on_rank_zero_only, "use all_reduce, not reduce"),
+    (mean_in_float32, "digits were lost"),
+    (mean_with_the_library, "the library version of this exercise"),
 ])
 def test_global_mean_wrong(workers, wrong, fix):
     message = fails(lambda f: lab04.check_global_mean(workers, f), wrong, Incorrect)
@@ -399,6 +488,32 @@ def load_on_rank_zero_only(ddp_model, optimizer, path):
         optimizer.load_state_dict(state["optimizer"])
 
 
+@interactive
+def save_barrier_first(ddp_model, optimizer, path):
+    dist.barrier()                              # too early: rank 0 has not written anything yet
+    if dist.get_rank() == 0:
+        torch.save({"model": ddp_model.module.state_dict(), "optimizer": optimizer.state_dict()}, path)
+
+
+@interactive
+def load_when_the_file_exists(ddp_model, optimizer, path):
+    import os
+    import time
+
+    while not os.path.exists(path):             # the file exists as soon as rank 0 starts writing it
+        time.sleep(0.01)
+    state = torch.load(path, map_location=device)
+    ddp_model.module.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+
+
+@interactive
+def load_map_location_none(ddp_model, optimizer, path):
+    state = torch.load(path, map_location=None)
+    ddp_model.module.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+
+
 @pytest.mark.parametrize("save, load", [(save_checkpoint, load_checkpoint), (save_no_barrier, load_after_barrier)])
 def test_checkpoint_right(workers, capsys, save, load):
     lab04.check_checkpoint(workers, save, load)
@@ -413,6 +528,9 @@ def test_checkpoint_right(workers, capsys, save, load):
     (save_checkpoint, load_model_only, "lost its momentum buffers"),
     (save_checkpoint, load_without_map_location, "map_location=device"),
     (save_checkpoint, load_on_rank_zero_only, "every rank loads the checkpoint"),
+    (save_barrier_first, load_checkpoint, "before rank 0 had finished writing it"),
+    (save_no_barrier, load_when_the_file_exists, "before rank 0 had finished writing it"),
+    (save_checkpoint, load_map_location_none, "map_location=device"),
 ])
 def test_checkpoint_wrong(workers, save, load, fix):
     message = fails(lambda f: lab04.check_checkpoint(workers, f, load), save, Incorrect)
@@ -423,3 +541,20 @@ def test_checkpoint_wrong(workers, save, load, fix):
 def test_checks_need_the_running_cluster(workers):
     message = fails(lambda f: lab04.check_global_mean(None, f), global_mean, Incorrect)
     assert "cluster.start" in message
+
+
+# --- hints -----------------------------------------------------------------------------------
+
+def test_step_by_step_hints_are_shown_on_demand_and_absent_from_the_learner_edition(capsys):
+    lab04.hint("4.3")
+    assert "float64" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="4.1"):
+        lab04.hint("4.9")
+    source = nbformat.read(ROOT / "labs" / "04_ddp.ipynb", as_version=4)
+    learner = release.learner_notebook(source)
+    text = "\n".join(cell.source for cell in learner.cells)
+    for name, steps in lab04.HINTS.items():
+        assert f'lab04.hint("{name}")' in text, f"the lab never tells the learner about lab04.hint({name!r})"
+        for line in steps.splitlines()[1:]:
+            step = re.sub(r"^\d+\.\s*", "", line.strip())
+            assert len(step) < 25 or step not in text, f"step-by-step hint {name} shows in the learner edition: {step}"

@@ -10,15 +10,74 @@ rank and compares the answer with the library (``torch.utils.data.DistributedSam
 from __future__ import annotations
 
 import contextlib
+import io
 import math
 import os
+import sys
 import tempfile
 import time
 
 import torch
 
-from . import exercise, expect
+from . import exercise, expect, show_hint
 from .engines import _Wrong, _prepare, _renew_group, _run_cases, _spy
+
+HINTS = {
+    "4.1": """Step by step:
+1. g = torch.Generator().manual_seed(seed + epoch): a generator of your own, seeded the same on every rank
+   (reseeding torch's global generator would change every other random number of the training).
+2. order = torch.randperm(n, generator=g).tolist()
+3. Without drop_last: total = world_size * ceil(n / world_size); pad `order` with its own first indices up
+   to `total` (repeat it whole while it is shorter: (order * math.ceil(total / n))[:total]).
+   With drop_last: total = world_size * (n // world_size); order = order[:total].
+4. Rank r takes every world_size-th index starting at r: return order[rank:total:world_size].""",
+    "4.2": """Step by step:
+1. tensors = list(model.parameters()) + list(model.buffers())  (BatchNorm's statistics are buffers).
+2. For each tensor t: copies = [torch.empty_like(t) for _ in range(dist.get_world_size())], then
+   dist.all_gather(copies, t.detach().contiguous()): every rank now holds every rank's copy, and the
+   model is left untouched.
+3. Compare each copy with t using torch.equal (exact: correct DDP training leaves identical bytes).
+4. Combine the answers of all tensors into one bool; since every rank saw every copy, every rank
+   reaches the same answer. Return it.""",
+    "4.3": """Step by step:
+1. both = torch.tensor([float(total), float(count)], dtype=torch.float64): float64, because float32
+   keeps only about 7 digits (totals that nearly cancel, or counts above 2**24, come out wrong).
+2. dist.all_reduce(both): the default op sums over the ranks, and every rank receives the sums.
+3. return (both[0] / both[1]).item(): a Python float, the same on every rank.""",
+    "4.4": """Step by step:
+save_checkpoint(ddp_model, optimizer, path):
+1. if dist.get_rank() == 0: torch.save({"model": ddp_model.module.state_dict(),
+   "optimizer": optimizer.state_dict()}, path)
+2. then, on every rank (outside the if): dist.barrier(), so that no rank goes on (and reads the file)
+   before rank 0 has finished writing it.
+load_checkpoint(ddp_model, optimizer, path):
+1. state = torch.load(path, map_location=device) on every rank;
+2. ddp_model.module.load_state_dict(state["model"]); optimizer.load_state_dict(state["optimizer"]).""",
+}
+
+
+def hint(name: str) -> None:
+    """Print the step-by-step hint of exercise ``name`` (e.g. ``"4.2"``)."""
+    show_hint(HINTS, name)
+
+
+@contextlib.contextmanager
+def _calls_into(*file_endings: str):
+    """Record the Python functions defined in files ending with ``file_endings`` that run inside the block
+    (on this thread): how a check sees that the learner called a library function the exercise rewrites."""
+    seen: list[str] = []
+    endings = tuple(e.replace("/", os.sep) for e in file_endings)
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.endswith(endings):
+            seen.append(frame.f_code.co_name)
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        yield seen
+    finally:
+        sys.setprofile(previous)
 
 GROUP_TIMEOUT = 10.0  # seconds a rank of the check's own groups waits for the others
 _RESTART = ("Start a fresh cluster: run `cluster.stop()`, then re-run the Setup cell and the cells after it "
@@ -112,7 +171,19 @@ def _shard_job(shard_indices, n, epoch, seed, drop_last, extra_world_sizes):
     worlds = [(rank, p)] + ([(r, q) for q in extra_world_sizes for r in range(q)] if rank == 0 else [])
     for r, q in worlds:
         who = f"shard_indices(n={n}, rank={r}, world_size={q}, epoch={epoch}, seed={seed}, drop_last={drop_last})"
-        got = _as_index_list(shard_indices(n, r, q, epoch, seed=seed, drop_last=drop_last), who)
+        rng_before = torch.random.get_rng_state()
+        with _calls_into("torch/utils/data/distributed.py") as library:
+            answer = shard_indices(n, r, q, epoch, seed=seed, drop_last=drop_last)
+        if library:
+            raise _Wrong(f"on rank {rank}, {who} used DistributedSampler itself ({library[0]}): the exercise is "
+                         f"to compute its indices yourself, with torch.randperm and list slicing; the check "
+                         f"compares your list with DistributedSampler's")
+        if not torch.equal(torch.random.get_rng_state(), rng_before):
+            raise _Wrong(f"on rank {rank}, {who} changed torch's global random generator (torch.manual_seed, or "
+                         f"torch.randperm without generator=): in training that would change the model's "
+                         f"initialisation, dropout and everything else drawn after it. Draw the permutation "
+                         f"from a generator of your own: torch.Generator().manual_seed(seed + epoch)")
+        got = _as_index_list(answer, who)
         if got != _sampler_indices(n, r, q, epoch, seed, drop_last):
             raise _Wrong(f"on rank {rank}, {who}: {_diagnose_shard(got, n, r, q, epoch, seed, drop_last)}")
 
@@ -136,6 +207,7 @@ def check_shard(workers, shard_indices) -> None:
     print(f"  checked against DistributedSampler on {p} ranks (and world sizes 3, 5 on rank 0): "
           f"{len(cases)} cases, n from {min(c[0] for c in cases)} to {max(c[0] for c in cases)}, "
           f"padding and drop_last, epochs 0 to {max(c[1] for c in cases)}")
+    _warn_few_ranks(workers)
 
 
 # --- Exercise 4.2: are the replicas equal? ----------------------------------------------
@@ -154,21 +226,32 @@ def _replica_model():
 _PERTURBATIONS = {
     # case: (tensor name, what is changed, advice if the learner's function missed it)
     "equal": (None, "nothing: every rank holds the same model", ""),
-    "first weight": ("0.weight", "one element of the first weight, by 0.01", ""),
+    "first weight": ("0.weight", "one element of the first weight, by 0.01",
+                     "compare every rank's copy with every other's, not only the first and the last rank's"),
     "last weight": ("3.weight", "one element of the last layer's weight (not the first parameter), by 0.01",
                     "compare every tensor, not one: loop over all of model.named_parameters()"),
     "float buffer": ("1.running_mean", "one element of the BatchNorm buffer running_mean, by 0.01",
                      "buffers are part of the replica too (BatchNorm's running statistics are used at "
                      "evaluation): compare model.named_buffers() as well as the parameters, or the whole "
                      "model.state_dict()"),
+    "swapped elements": ("3.weight", "two elements of the last weight, which trade places",
+                         "compare every element (torch.equal): a sum, a norm, a mean or the sorted values of a "
+                         "tensor stay the same when two of its elements trade places"),
     "integer buffer": ("1.num_batches_tracked", "the integer buffer num_batches_tracked, by 1",
                        "every buffer, also the integer ones (num_batches_tracked is int64): compare "
                        "model.named_buffers() or model.state_dict(), whatever the dtype"),
     "one ulp": ("0.weight", "one element of the first weight, by the smallest step a float32 can take",
-                "compare exactly (torch.equal), not with torch.allclose: after DDP's all-reduce every rank "
-                "receives the same bytes, so replicas of correct training are bit-identical and any "
-                "difference is a bug"),
+                "compare exactly (torch.equal), not with torch.allclose or in a lower precision: after "
+                "DDP's all-reduce every rank receives the same bytes, so replicas of correct training are "
+                "bit-identical and any difference is a bug"),
 }
+
+
+def _planted(case: str, p: int) -> tuple[int, int]:
+    """(rank, element) where ``case`` changes the model: a different rank and element for each case, the
+    middle rank first (on 3 or more ranks, comparing only the first and last copies misses it)."""
+    index = list(_PERTURBATIONS).index(case)
+    return index % p, 1 + 3 * index
 
 
 def _replicas_job(replicas_equal, case):
@@ -181,22 +264,30 @@ def _replicas_job(replicas_equal, case):
     group = lab04._verify_group
     model = _replica_model()
     target, what, advice = _PERTURBATIONS[case]
-    if target is not None and rank == p - 1:
+    changed_rank, element = _planted(case, p)
+    if target is not None and rank == changed_rank:
         tensor = dict(model.state_dict(keep_vars=True))[target]
         with torch.no_grad():
             flat = tensor.view(-1)
+            i = element % flat.numel()
             if case == "one ulp":
-                flat[0] = torch.nextafter(flat[0], flat[0] + 1)
+                flat[i] = torch.nextafter(flat[i], flat[i] + 1)
+            elif case == "swapped elements":
+                j = (i + 1) % flat.numel()
+                flat[i], flat[j] = flat[j].clone(), flat[i].clone()
             else:
-                flat[0] += 0.01 if tensor.dtype.is_floating_point else 1
+                flat[i] += 0.01 if tensor.dtype.is_floating_point else 1
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with _spy():
+    with _spy(), _calls_into("utils/replicas.py") as library:
         answer = replicas_equal(model)
     problem = None
     if isinstance(answer, torch.Tensor) and answer.numel() == 1:
         answer = bool(answer.item())
     if not isinstance(answer, bool):
         problem = f"rank {rank} returned {type(answer).__name__}; return True or False (the same on every rank)"
+    if library:
+        problem = (f"on rank {rank} replicas_equal called utils.replicas ({library[0]}), the library version of "
+                   f"this exercise: write the comparison yourself, with torch.distributed's collectives")
     changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
     if changed:
         problem = (f"on rank {rank} replicas_equal changed the model ({', '.join(changed)}): dist.all_reduce and "
@@ -215,14 +306,14 @@ def _replicas_job(replicas_equal, case):
     assert all(d == 0 for d in differences.values()) == truth, differences  # the check's own premise
     if len(set(answers)) > 1:
         raise _Wrong(f"the ranks disagree ({', '.join(f'rank {r}: {a}' for r, a in enumerate(answers))}) when rank "
-                     f"{p - 1} changed {what}: every rank must see every rank's copy (dist.all_gather) and "
+                     f"{changed_rank} changed {what}: every rank must see every rank's copy (dist.all_gather) and "
                      f"return the same answer")
     if answers[0] != truth:
         if truth:
             raise _Wrong("every rank holds exactly the same model, yet your function returned False: it must not "
                          "cry wolf (compare each tensor with the other ranks' copies of the same tensor, "
                          "in the same order on every rank)")
-        raise _Wrong(f"rank {p - 1} changed {what} ({target}), and your function returned True: "
+        raise _Wrong(f"rank {changed_rank} of {p} changed {what} ({target}), and your function returned True: "
                      + (advice or "compare every parameter and buffer of every rank, with all_gather"))
 
 
@@ -233,19 +324,34 @@ def check_replicas_equal(workers, replicas_equal) -> None:
     with exercise(name):
         _prepare_all(workers, [replicas_equal], name)
         for case in _PERTURBATIONS:
-            _run_case(workers, name, _replicas_job, replicas_equal, (case,), f"{case} differing on the last rank")
+            where = "" if case == "equal" else f" on rank {_planted(case, workers.n)[0]}"
+            _run_case(workers, name, _replicas_job, replicas_equal, (case,), f"{case} differing{where}")
     print(f"  checked on {workers.n} ranks: equal replicas, and one rank differing in {len(_PERTURBATIONS) - 1} "
-          f"ways ({', '.join(list(_PERTURBATIONS)[1:])})")
+          f"ways ({', '.join(list(_PERTURBATIONS)[1:])}), on ranks "
+          f"{sorted({_planted(c, workers.n)[0] for c in list(_PERTURBATIONS)[1:]})}")
+    _warn_few_ranks(workers)
+
+
+def _warn_few_ranks(workers) -> None:
+    if workers.n < 3:
+        print(f"  note: on {workers.n} ranks some mistakes cannot show (every other rank is the neighbour, the "
+              f"first or the last); start 3 or more engines to check those too")
 
 
 # --- Exercise 4.3: a metric over all ranks -----------------------------------------------
 
 
 _METRIC_CASES = {
-    "equal counts": lambda r, p: (2.0 * (r + 1) * 10, 10),
-    "uneven counts": lambda r, p: (1.5 * (r + 1) * (r + 1) * 3, (r + 1) * 3),
-    "a rank with no sample": lambda r, p: (0.0, 0) if r == 0 else (4.0 * r * 7, 7 * r),
-    "one big rank": lambda r, p: (0.25 * 1000, 1000) if r == p - 1 else (3.0 * 5, 5),
+    # case: each rank's (total, count) on p ranks. Totals carry more digits than float16, bfloat16 or
+    # float32 keep; the odd rank out (empty, big) moves between cases.
+    "equal counts": lambda r, p: (2.3456789012345 * (r + 1) * 10 + 0.1 * r, 10),
+    "uneven counts": lambda r, p: (1.5137294518 * (r + 1) * (r + 1) * 3 + math.pi, (r + 1) * 3),
+    "a rank with no sample": lambda r, p: (0.0, 0) if r == 1 % p else (4.1234567891 * (r + 1) * 7, 7 * (r + 1)),
+    "one big rank": lambda r, p: (0.2468013579 * 1000, 1000) if r == p // 2 else (3.1415926536 * 5, 5),
+    # (1e8 + x) + 0 + ... + (-1e8) is exact in float64 in any order; float32 rounds 1e8 + x to 1e8
+    "totals that nearly cancel": lambda r, p: ((1e8 + 0.7310585786, 3) if r == 0 else
+                                               (-1e8, 3) if r == p - 1 else (0.0, 3)),
+    "counts above 2**24": lambda r, p: (0.5 * (2 ** 24 + 1 + 2 * r) + 0.123, 2 ** 24 + 1 + 2 * r),
 }
 
 
@@ -255,10 +361,13 @@ def _metric_job(global_mean, case):
     rank, p = dist.get_rank(), dist.get_world_size()
     shares = [_METRIC_CASES[case](r, p) for r in range(p)]
     total, count = shares[rank]
-    want = sum(t for t, _ in shares) / sum(c for _, c in shares)
-    with _spy():
+    want = math.fsum(t for t, _ in shares) / sum(c for _, c in shares)
+    with _spy(), _calls_into("utils/replicas.py") as library:
         got = global_mean(total, count)
     where = f"rank {rank} (case: {case}; per-rank (total, count) = {shares})"
+    if library:
+        raise _Wrong(f"{where} called utils.replicas ({library[0]}), the library version of this exercise: "
+                     f"write the reduction yourself, with torch.distributed")
     if got is None:
         raise _Wrong(f"{where} returned None: every rank returns the mean (use all_reduce, not reduce)")
     if isinstance(got, torch.Tensor):
@@ -267,23 +376,27 @@ def _metric_job(global_mean, case):
         got = float(got)
     except (TypeError, ValueError):
         raise _Wrong(f"{where} returned {type(got).__name__}; return a Python float") from None
-    if math.isclose(got, want, rel_tol=1e-6):
+    if math.isclose(got, want, rel_tol=1e-9):
         return
     means = [t / c for t, c in shares if c]
     hints = [(sum(means) / len(means), "the mean of the per-rank means: ranks with few samples weigh as much as "
-                                       "ranks with many. Sum the totals and the counts over the ranks "
-                                       "(all_reduce of [total, count]) and divide"),
-             (sum(means) / p, "the per-rank means averaged over all ranks: weight by the counts instead (all_reduce "
-                              "of [total, count], then divide)"),
-             (total / count if count else float("nan"), "this rank's own mean: combine the ranks with all_reduce"),
-             (sum(t for t, _ in shares), "the sum of the totals: divide by the sum of the counts"),
-             (sum(t for t, _ in shares) / p, "the summed totals divided by the number of ranks: divide by the "
-                                             "summed counts"),
+                                       "ranks with many. Sum the totals and the counts over the ranks, then "
+                                       "divide"),
+             (sum(means) / p, "the per-rank means averaged over all ranks: weight by the counts instead (sum "
+                              "totals and counts over the ranks, then divide)"),
+             (total / count if count else float("nan"), "this rank's own mean: combine the ranks with a collective"),
+             (math.fsum(t for t, _ in shares), "the sum of the totals: divide by the sum of the counts"),
+             (math.fsum(t for t, _ in shares) / p, "the summed totals divided by the number of ranks: divide by "
+                                                   "the summed counts"),
              (want * p, "world_size times the mean: all_reduce sums; divide the summed total by the summed count")]
     for value, hint in hints:
         if math.isclose(got, value, rel_tol=1e-6) and not math.isclose(value, want, rel_tol=1e-6):
-            raise _Wrong(f"{where} returned {got:.6g}, expected {want:.6g}: that is {hint}")
-    raise _Wrong(f"{where} returned {got:.6g}, expected sum(totals) / sum(counts) = {want:.6g}")
+            raise _Wrong(f"{where} returned {got:.12g}, expected {want:.12g}: that is {hint}")
+    if math.isclose(got, want, rel_tol=1e-2) or case in ("totals that nearly cancel", "counts above 2**24"):
+        raise _Wrong(f"{where} returned {got:.12g}, expected {want:.12g}: digits were lost, as float32 (about 7 "
+                     f"significant digits), float16 or bfloat16 lose them. Totals that nearly cancel, and counts "
+                     f"above 2**24, need float64 all the way: the tensor you all-reduce, and the division")
+    raise _Wrong(f"{where} returned {got:.12g}, expected sum(totals) / sum(counts) = {want:.12g}")
 
 
 def check_global_mean(workers, global_mean) -> None:
@@ -293,30 +406,48 @@ def check_global_mean(workers, global_mean) -> None:
         _prepare_all(workers, [global_mean], name)
         for case in _METRIC_CASES:
             _run_case(workers, name, _metric_job, global_mean, (case,), case)
-    print(f"  checked on {workers.n} ranks against sum(totals) / sum(counts): {', '.join(_METRIC_CASES)}")
+    print(f"  checked on {workers.n} ranks against sum(totals) / sum(counts), to 9 significant digits: "
+          f"{', '.join(_METRIC_CASES)}")
+    _warn_few_ranks(workers)
 
 
 # --- Exercise 4.4: checkpoints ------------------------------------------------------------
 
 
 @contextlib.contextmanager
-def _spy_checkpoint_io(delay_s: float):
-    """Count torch.save / torch.load calls on this rank; rank 0's save starts ``delay_s`` late."""
+def _spy_checkpoint_io(delay_s: float, done_marker: str):
+    """Count torch.save / torch.load calls on this rank. Rank 0's save is slow, as on a busy disk: it starts
+    ``delay_s / 2`` late, writes half the file, waits ``delay_s / 2``, writes the rest, and only then
+    creates ``done_marker``; a load that starts before the marker exists read the file too early."""
     import torch.distributed as dist
 
-    calls = {"save": 0, "load": 0, "map_location": 0}
+    calls = {"save": 0, "load": 0, "no_map_location": 0, "early": 0}
     save, load = torch.save, torch.load
 
-    def slow_save(*args, **kwargs):
+    def slow_save(obj, f, *args, **kwargs):
         calls["save"] += 1
-        if dist.get_rank() == 0:
-            time.sleep(delay_s)  # a slow disk: another rank that does not wait for the file will not find it
-        return save(*args, **kwargs)
+        if dist.get_rank() != 0:
+            return save(obj, f, *args, **kwargs)
+        time.sleep(delay_s / 2)
+        if isinstance(f, (str, os.PathLike)):
+            buffer = io.BytesIO()
+            save(obj, buffer, *args, **kwargs)
+            data = buffer.getvalue()
+            with open(f, "wb") as out:
+                out.write(data[:len(data) // 2])
+                out.flush()
+                time.sleep(delay_s / 2)        # a reader now finds half a file
+                out.write(data[len(data) // 2:])
+        else:                                  # an open file: written as the learner asked
+            save(obj, f, *args, **kwargs)
+        open(done_marker, "w").close()
+        return None
 
     def counted_load(*args, **kwargs):
         calls["load"] += 1
-        if len(args) > 1 or "map_location" in kwargs:
-            calls["map_location"] += 1
+        calls["early"] += not os.path.exists(done_marker)
+        location = args[1] if len(args) > 1 else kwargs.get("map_location")
+        calls["no_map_location"] += location is None
         return load(*args, **kwargs)
 
     torch.save, torch.load = slow_save, counted_load
@@ -324,6 +455,11 @@ def _spy_checkpoint_io(delay_s: float):
         yield calls
     finally:
         torch.save, torch.load = save, load
+
+
+_EARLY = ("rank {rank} read the checkpoint before rank 0 had finished writing it{what}: end save_checkpoint with "
+          "dist.barrier() on every rank (after rank 0's torch.save), so that no rank goes on to read the file "
+          "while it is incomplete, or while an older checkpoint still lies at that path")
 
 
 def _checkpoint_model():
@@ -354,24 +490,36 @@ def _checkpoint_job(save_checkpoint, load_checkpoint, path, delay_s):
     saved_model = {k: v.clone() for k, v in ddp_model.module.state_dict().items()}
     saved_momentum = [optimizer.state[q]["momentum_buffer"].clone() for q in ddp_model.parameters()]
 
-    # 1. save, then load straight away, as a training script would resume
-    missing = False
-    with _spy_checkpoint_io(delay_s) as calls, _spy():
+    # 1. save, then load straight away, as a training script would resume. An older checkpoint (the
+    # initial weights) lies at the path already, as when a run saves every epoch to the same file.
+    done_marker = path + ".complete"
+    if rank == 0:
+        for stale in (path, done_marker):
+            if os.path.exists(stale):
+                os.remove(stale)
+        torch.save({"model": _checkpoint_model().state_dict(), "optimizer": optimizer.state_dict()}, path)
+    dist.barrier(group=group)
+    failure = None
+    with _spy_checkpoint_io(delay_s, done_marker) as calls, _spy():
         save_checkpoint(ddp_model, optimizer, path)
         try:
             load_checkpoint(ddp_model, optimizer, path)
-        except FileNotFoundError:
-            missing = True
+        except Exception as error:  # a half-written file fails to load: reported below if read too early
+            failure = error
+    early = bool(calls["early"])
     # Every rank reaches this all_gather, so one rank's problem is reported, not a hang on the others.
-    counts = [torch.zeros(3) for _ in range(p)]
-    dist.all_gather(counts, torch.tensor([float(calls["save"]), float(calls["load"]), float(missing)]),
-                    group=group)
-    if missing:
-        raise _Wrong(f"rank {rank} could not find the checkpoint right after save_checkpoint returned (rank 0 "
-                     f"was still writing it): end save_checkpoint with dist.barrier() on every rank, so that "
-                     f"no rank reads the file before rank 0 has finished writing it")
-    if any(c[2] for c in counts):
+    counts = [torch.zeros(4) for _ in range(p)]
+    dist.all_gather(counts, torch.tensor([float(calls["save"]), float(calls["load"]), float(early),
+                                          float(failure is not None)]), group=group)
+    if early:
+        what = (f" (its torch.load then failed: {type(failure).__name__})" if failure is not None
+                else " (it loaded the older checkpoint that was still there, or half of the new one)")
+        raise _Wrong(_EARLY.format(rank=rank, what=what))
+    if failure is not None:
+        raise failure
+    if any(c[2] or c[3] for c in counts):
         return  # another rank reports it
+    dist.barrier(group=group)      # every rank is done with the file before rank 0's checks below
     saves = [int(c[0]) for c in counts]
     if saves[0] == 0:
         raise _Wrong("rank 0 never called torch.save: rank 0 writes the checkpoint")
@@ -379,9 +527,8 @@ def _checkpoint_job(save_checkpoint, load_checkpoint, path, delay_s):
         raise _Wrong(f"torch.save was called on ranks {[r for r, s in enumerate(saves) if s]}: save on rank 0 only "
                      f"(if dist.get_rank() == 0: ...). The replicas are identical, so one copy is enough, and "
                      f"several processes writing one file at once can leave it corrupt")
-    if not os.path.exists(path):  # the check's engines share one machine
+    if not os.path.exists(done_marker):  # the check's engines share one machine
         raise _Wrong(f"rank 0 saved the checkpoint somewhere else than the path it was given ({path})")
-    dist.barrier(group=group)
     state = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(state, dict) or "model" not in state or "optimizer" not in state:
         keys = sorted(state) if isinstance(state, dict) else type(state).__name__
@@ -394,16 +541,16 @@ def _checkpoint_job(save_checkpoint, load_checkpoint, path, delay_s):
     if sorted(model_keys) != sorted(saved_model):
         raise _Wrong(f"the saved model has the keys {model_keys}, expected {sorted(saved_model)} "
                      f"(ddp_model.module.state_dict())")
-    if calls["load"] and not calls["map_location"]:
-        raise _Wrong(f"rank {rank} called torch.load without map_location: pass map_location=device, or every rank's "
-                     f"copy of a checkpoint saved from cuda:0 lands on GPU 0")
+    if calls["no_map_location"]:
+        raise _Wrong(f"rank {rank} called torch.load without map_location (or with None): pass "
+                     f"map_location=device, or every rank's copy of a checkpoint saved from cuda:0 lands on GPU 0")
 
     # 2. every rank drifts away from the checkpoint, then loads it
     with torch.no_grad():
         for q in ddp_model.parameters():
             q.add_(rank + 1.0)
     optimizer.state.clear()
-    with _spy_checkpoint_io(0.0) as calls, _spy():
+    with _spy_checkpoint_io(0.0, done_marker) as calls, _spy():
         load_checkpoint(ddp_model, optimizer, path)
     problem = None
     wrong = [k for k, v in ddp_model.module.state_dict().items() if not torch.equal(v.cpu(), saved_model[k])]
@@ -442,5 +589,7 @@ def check_checkpoint(workers, save_checkpoint, load_checkpoint, delay_s: float =
             for entry in os.listdir(folder):
                 os.remove(os.path.join(folder, entry))
             os.rmdir(folder)
-    print(f"  checked on {workers.n} ranks: one writer, a barrier before anyone reads (rank 0's disk made "
-          f"{delay_s:g} s slow), plain keys, map_location, model and momentum restored on every rank")
+    print(f"  checked on {workers.n} ranks: one writer, no rank reading before the file is complete (rank 0's "
+          f"disk made {delay_s:g} s slow, an older checkpoint at the same path), plain keys, map_location, model "
+          f"and momentum restored on every rank")
+    _warn_few_ranks(workers)

@@ -1,0 +1,170 @@
+"""What a DDP step costs on the engines: measured, predicted, and drawn side by side.
+Taught in lab 04 (section 4).
+
+``time_ddp_steps`` runs on every engine at once. For each k = 1 .. world size, on ranks 0 .. k-1
+together (the others wait at a barrier), it times a DDP step on a subgroup of k ranks, the same step
+on the bare model (the computation alone: no hooks, no all-reduce) and one all-reduce of a tensor as
+large as all the gradients, and it records the buckets DDP all-reduces in a step (a communication hook
+that notes each bucket's size). ``one_process_ms`` times the alternative in the notebook: one process
+computing the same global batch. ``predict`` gives each step's buckets and all-reduce time from lab
+03's alpha-beta model (``utils.scaling``, which lab 06 uses too).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from . import models
+from .scaling import ddp_bucket_bytes, predicted_comm_seconds
+
+
+def gradient_bytes(model: torch.nn.Module) -> list[int]:
+    """Each trainable parameter's gradient size in bytes, in the order backward produces them (last layer first)."""
+    return [q.numel() * q.element_size() for q in reversed(list(model.parameters())) if q.requires_grad]
+
+
+def _median_ms(fn, group, device, warmup: int, repeats: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        dist.barrier(group=group)                    # start together: a collective waits for the slowest
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)           # CUDA work is asynchronous: wait before reading the clock
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def _step(model, optimizer, x, y) -> None:
+    loss = F.cross_entropy(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+def _buckets_launched(cfg: dict, x, y, group, device) -> list[int]:
+    """Bytes of each bucket DDP all-reduces in one step, in launch order, seen by a communication hook.
+
+    The step measured is the second: in the first, DDP puts every gradient in one bucket while it
+    records the order they arrive in, then rebuilds its buckets (1 MiB first, then bucket_cap_mb).
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    torch.manual_seed(0)
+    net = models.MLP(**cfg).to(device)
+    ddp = DistributedDataParallel(net, process_group=group, device_ids=[device] if device.type == "cuda" else None)
+    sizes: list[int] = []
+
+    def noting_hook(state, bucket):
+        buffer = bucket.buffer()
+        sizes.append(buffer.numel() * buffer.element_size())
+        return default_hooks.allreduce_hook(state, bucket)   # what DDP does without a hook
+
+    ddp.register_comm_hook(group, noting_hook)
+    optimizer = torch.optim.SGD(net.parameters(), lr=1e-3)
+    _step(ddp, optimizer, x, y)
+    sizes.clear()
+    _step(ddp, optimizer, x, y)
+    return sizes
+
+
+def time_ddp_steps(workloads: dict, per_rank_batch: int, device, *, warmup: int = 3, repeats: int = 10) -> dict:
+    """On every engine: ``{(name, k): {"ddp": ms, "compute": ms, "all_reduce": ms, "grad_bytes": [...],
+    "buckets": [...]}}`` for this rank, for each workload (``models.MLP`` settings by name) and each k.
+
+    Times are this rank's medians; a step of k ranks is as slow as the slowest, so take the maximum
+    over ranks (``slowest``). Every rank must call it, with the same arguments.
+    """
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    groups = {k: dist.new_group(list(range(k))) for k in range(1, world_size + 1)}   # every rank, same order
+    timings = {}
+    for name, cfg in workloads.items():
+        g = torch.Generator().manual_seed(rank)
+        x = torch.randn(per_rank_batch, cfg["d_in"], generator=g).to(device)
+        y = torch.randint(0, cfg["n_classes"], (per_rank_batch,), generator=g).to(device)
+        for k, group in groups.items():
+            if rank < k:
+                torch.manual_seed(0)
+                net = models.MLP(**cfg).to(device)
+                wrapped = DistributedDataParallel(net, process_group=group,
+                                                  device_ids=[device] if device.type == "cuda" else None)
+                optimizer = torch.optim.SGD(net.parameters(), lr=1e-3)
+                grads = torch.zeros(sum(q.numel() for q in net.parameters()), device=device)
+                timings[(name, k)] = dict(
+                    ddp=_median_ms(lambda: _step(wrapped, optimizer, x, y), group, device, warmup, repeats),
+                    compute=_median_ms(lambda: _step(net, optimizer, x, y), group, device, warmup, repeats),
+                    all_reduce=_median_ms(lambda: dist.all_reduce(grads, group=group), group, device, warmup, repeats),
+                    grad_bytes=gradient_bytes(net),
+                    buckets=_buckets_launched(cfg, x, y, group, device))
+            dist.barrier()                               # the ranks outside the group wait here
+    return timings
+
+
+def slowest(per_rank: list[dict]) -> dict:
+    """Per (workload, k): the slowest rank's times (a step ends when every rank's does), and rank 0's buckets."""
+    merged = {}
+    for key, first in per_rank[0].items():
+        merged[key] = {what: max(t[key][what] for t in per_rank if key in t) for what in ("ddp", "compute", "all_reduce")}
+        merged[key].update(grad_bytes=first["grad_bytes"], buckets=first["buckets"])
+    return merged
+
+
+def one_process_ms(cfg: dict, batch: int, *, warmup: int = 3, repeats: int = 10) -> float:
+    """Median ms of one training step of ``models.MLP(**cfg)`` on ``batch`` random samples, in this process."""
+    torch.manual_seed(0)
+    net = models.MLP(**cfg)
+    x, y = torch.randn(batch, cfg["d_in"]), torch.randint(0, cfg["n_classes"], (batch,))
+    optimizer = torch.optim.SGD(net.parameters(), lr=1e-3)
+    for _ in range(warmup):
+        _step(net, optimizer, x, y)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        _step(net, optimizer, x, y)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def predict(grad_bytes: list[int], ks, alpha: float, beta: float, bucket_cap_mb: float = 25.0) -> dict:
+    """Per k: DDP's buckets (bytes, launch order) and the ms they take to all-reduce if nothing overlaps."""
+    buckets = ddp_bucket_bytes(grad_bytes, bucket_cap_mb)
+    return {k: dict(buckets=buckets,
+                    all_reduce_ms=1e3 * predicted_comm_seconds(grad_bytes, k, alpha, beta, bucket_cap_mb) if k > 1 else 0.0)
+            for k in ks}
+
+
+def plot_costs(costs: dict, predicted: dict, one_process: dict, workloads, ks, per_rank_batch: int, title: str):
+    """Throughput against k (DDP, ideal, one process), then per workload where a step's time goes, with the
+    all-reduce time predicted from alpha and beta beside the measured communication."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 1 + len(workloads), figsize=(5 * (1 + len(workloads)), 4))
+    for i, name in enumerate(workloads):
+        rates = [k * per_rank_batch / costs[(name, k)]["ddp"] * 1e3 for k in ks]
+        line, = axes[0].plot(ks, rates, "o-", label=f"{name}, DDP")
+        axes[0].plot(ks, [rates[0] * k for k in ks], ":", color=line.get_color(), label=f"{name}, ideal (k x 1 rank)")
+        axes[0].plot(ks, [k * per_rank_batch / one_process[(name, k)] * 1e3 for k in ks], "s--",
+                     color=line.get_color(), label=f"{name}, one process, same global batch")
+        ax = axes[1 + i]
+        compute = [costs[(name, k)]["compute"] for k in ks]
+        comm = [max(costs[(name, k)]["ddp"] - costs[(name, k)]["compute"], 0) for k in ks]
+        left = [k - 0.2 for k in ks]
+        ax.bar(left, compute, width=0.4, label="computation (no DDP)")
+        ax.bar(left, comm, width=0.4, bottom=compute, label="communication (DDP step - computation)")
+        ax.bar([k + 0.2 for k in ks], [predicted[name][k]["all_reduce_ms"] for k in ks], width=0.4, color="gray",
+               label="predicted all-reduce (buckets x alpha-beta)")
+        ax.plot(left, [costs[(name, k)]["all_reduce"] for k in ks], "kx", label="one all_reduce of the gradients")
+        ax.set(xlabel="ranks k", ylabel="ms per step (slowest rank)", xticks=ks,
+               title=f"{name}: {len(predicted[name][ks[-1]]['buckets'])} bucket(s) predicted")
+        ax.legend(fontsize=7)
+    axes[0].set(xlabel="ranks k", ylabel="samples / s", xticks=ks, yscale="log", title=title)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
