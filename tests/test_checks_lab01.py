@@ -4,18 +4,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from check_helpers import fails, stub
+from learner_hints import ROOT, learner_cells_hold_no_hint
 from utils.checks import ExerciseError, Incorrect, NotSolved, expect, exercise, lab01
 
 
 # --- correct solutions, as a learner would write them ---------------------------------------
 
-def build_layers(n_layers, d_in, d_hidden, n_classes, bias=False, init=True, container=nn.ModuleList):
+def build_layers(n_layers, d_in, d_hidden, n_classes, bias=False, init=nn.init.kaiming_uniform_,
+                 container=nn.ModuleList):
     widths = [d_in] + [d_hidden] * (n_layers - 1) + [n_classes]
     layers = container()
     for fan_in, fan_out in zip(widths[:-1], widths[1:]):
         layer = nn.Linear(fan_in, fan_out, bias=bias)
         if init:
-            nn.init.kaiming_uniform_(layer.weight)
+            init(layer.weight)
         layers.append(layer)
     return layers
 
@@ -57,8 +59,47 @@ def test_build_layers_with_bias():
 
 def test_build_layers_default_init():
     message = fails(lab01.check_build_layers, lambda *a: build_layers(*a, init=False), Incorrect)
-    assert "do not look Kaiming-uniform" in message
-    assert "nn.init.kaiming_uniform_(layer.weight)" in message
+    assert message.startswith("layer 0 (1024 -> 384) does not look Kaiming-uniform initialised: they look like "
+                              "PyTorch's default init of nn.Linear")
+
+
+@pytest.mark.parametrize("init", [lambda w: nn.init.kaiming_uniform_(w, nonlinearity="tanh"),
+                                  lambda w: nn.init.kaiming_uniform_(w, nonlinearity="relu")],
+                         ids=["tanh gain", "relu gain"])
+def test_build_layers_accepts_the_allowed_gains(init, capsys):
+    lab01.check_build_layers(lambda *a: build_layers(*a, init=init))
+    assert "passed" in capsys.readouterr().out
+
+
+def test_build_layers_wrong_inits():
+    normal = fails(lab01.check_build_layers, lambda *a: build_layers(*a, init=nn.init.kaiming_normal_), Incorrect)
+    assert "not spread evenly over a range (a normal distribution? kaiming_normal_?)" in normal
+    fan_out = fails(lab01.check_build_layers,
+                    lambda *a: build_layers(*a, init=lambda w: nn.init.kaiming_uniform_(w, mode="fan_out")), Incorrect)
+    assert "the bound follows fan_out (384), not fan_in (1024)" in fan_out
+    xavier = fails(lab01.check_build_layers, lambda *a: build_layers(*a, init=nn.init.xavier_uniform_), Incorrect)
+    assert "b * sqrt(fan_in) = 2.0" in xavier and "2.449 (the default (ReLU) gain) or 2.887" in xavier
+
+
+def test_build_layers_only_first_layer_initialised():
+    def first_only(n_layers, d_in, d_hidden, n_classes):
+        layers = build_layers(n_layers, d_in, d_hidden, n_classes, init=False)
+        nn.init.kaiming_uniform_(layers[0].weight)
+        return layers
+    message = fails(lab01.check_build_layers, first_only, Incorrect)
+    assert message.startswith("layer 1 (384 -> 384) does not look Kaiming-uniform initialised")
+
+
+def test_build_layers_shared_layer_objects():
+    def shared(n_layers, d_in, d_hidden, n_classes):
+        layers = build_layers(min(n_layers, 2), d_in, d_hidden, n_classes)
+        if n_layers > 2:
+            hidden = nn.Linear(d_hidden, d_hidden, bias=False)
+            nn.init.kaiming_uniform_(hidden.weight)
+            layers = nn.ModuleList([layers[0]] + [hidden] * (n_layers - 2) + [layers[1]])
+        return layers
+    message = fails(lab01.check_build_layers, shared, Incorrect)
+    assert message.startswith("with n_layers=4 some layers are the same object")
 
 
 def test_build_layers_plain_list():
@@ -196,13 +237,148 @@ def test_evaluate_wrong_value():
     assert message.startswith("expected the mean cross-entropy over all 103 samples")
 
 
-def test_evaluate_computes_gradients():
-    def with_backward(model, x, y, batch_size):
-        loss = F.cross_entropy(model(x), y)
+def test_evaluate_with_autograd_on():
+    def with_grad(model, x, y, batch_size):
+        return evaluate.__wrapped__(model, x, y, batch_size)  # the same loop, without torch.no_grad()
+    message = fails(lab01.check_evaluate, with_grad, Incorrect)
+    assert message.startswith("evaluate recorded an autograd graph for every batch")
+    assert "torch.no_grad()" in message
+
+
+def test_evaluate_without_eval_mode():
+    @torch.no_grad()
+    def dropout_on(model, x, y, batch_size):
+        total = sum(F.cross_entropy(model(x[i:i + batch_size]), y[i:i + batch_size], reduction="sum").item()
+                    for i in range(0, len(x), batch_size))
+        return total / len(x)
+    message = fails(lab01.check_evaluate, dropout_on, Incorrect)
+    assert message.startswith("the model was in training mode while evaluating, so dropout")
+
+
+def test_evaluate_ignores_batch_size():
+    @torch.no_grad()
+    def all_at_once(model, x, y, batch_size):
+        model.eval()
+        loss = F.cross_entropy(model(x), y).item()
+        model.train()
+        return loss
+    message = fails(lab01.check_evaluate, all_at_once, Incorrect)
+    assert message.startswith("the model was called on 103 samples at once with batch_size=10")
+
+
+def test_evaluate_drops_the_last_batch():
+    @torch.no_grad()
+    def full_batches_only(model, x, y, batch_size):
+        model.eval()
+        starts = range(0, len(x) - batch_size + 1, batch_size)
+        total = sum(F.cross_entropy(model(x[i:i + batch_size]), y[i:i + batch_size], reduction="sum").item()
+                    for i in starts)
+        model.train()
+        return total / (len(starts) * batch_size)
+    message = fails(lab01.check_evaluate, full_batches_only, Incorrect)
+    assert message.startswith("the model saw 100 samples, but x has 103")
+
+
+# --- 1.4 train_step --------------------------------------------------------------------------
+
+def train_step(model, optimizer, x, y, order=("zero_grad", "backward", "step"), keep=lambda loss: loss.item()):
+    loss = F.cross_entropy(model(x), y)
+    for action in order:
+        {"zero_grad": optimizer.zero_grad, "backward": loss.backward, "step": optimizer.step}[action]()
+    return keep(loss)
+
+
+def test_train_step_correct(capsys):
+    lab01.check_train_step(train_step)
+    lab01.check_train_step(lambda *a: train_step(*a, order=("backward", "step", "zero_grad")))
+    assert capsys.readouterr().out.count("\u2713 Exercise 1.4 (the training step): passed") == 2
+
+
+def test_train_step_stub():
+    assert fails(lab01.check_train_step, stub, NotSolved).startswith("Exercise 1.4 (the training step) is not solved")
+
+
+def test_train_step_without_zero_grad():
+    message = fails(lab01.check_train_step, lambda *a: train_step(*a, order=("backward", "step")), Incorrect)
+    assert message.startswith("the weights match a loop that never clears the gradients")
+
+
+def test_train_step_zero_grad_between_backward_and_step_or_no_step():
+    for order in (("backward", "zero_grad", "step"), ("zero_grad", "backward")):
+        message = fails(lab01.check_train_step, lambda *a: train_step(*a, order=order), Incorrect)
+        assert message.startswith("the weights did not change: after loss.backward() call optimizer.step()")
+
+
+def test_train_step_wrong_loss():
+    def nll_on_logits(model, optimizer, x, y):  # nll_loss expects log-probabilities, not logits
+        loss = F.nll_loss(model(x), y)
+        optimizer.zero_grad()
         loss.backward()
+        optimizer.step()
         return loss.item()
-    message = fails(lab01.check_evaluate, with_backward, Incorrect)
-    assert message.startswith("evaluate computed gradients")
+    message = fails(lab01.check_train_step, nll_on_logits, Incorrect)
+    assert message.startswith("after 4 steps the weights differ from forward -> F.cross_entropy -> zero_grad")
+
+
+def test_train_step_returns_tensor_or_nothing():
+    message = fails(lab01.check_train_step, lambda *a: train_step(*a, keep=lambda loss: loss.detach()), Incorrect)
+    assert message == "train_step should return the loss as a Python float, got Tensor: use loss.item()"
+    message = fails(lab01.check_train_step, lambda *a: train_step(*a, keep=lambda loss: None), Incorrect)
+    assert message.startswith("train_step returned None")
+
+
+def test_train_step_in_eval_mode_or_without_autograd():
+    def eval_mode(model, optimizer, x, y):
+        model.eval()
+        return train_step(model, optimizer, x, y)
+    assert fails(lab01.check_train_step, eval_mode, Incorrect).startswith(
+        "the model was in evaluation mode during a training step")
+
+    def no_grad_forward(model, optimizer, x, y):
+        with torch.no_grad():
+            logits = model(x)
+        loss = F.cross_entropy(logits.requires_grad_(), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+    assert fails(lab01.check_train_step, no_grad_forward, Incorrect).startswith(
+        "the forward pass ran without autograd")
+
+
+def test_train_step_loss_after_the_update():
+    def loss_after(model, optimizer, x, y):
+        train_step(model, optimizer, x, y)
+        with torch.no_grad():
+            return F.cross_entropy(model(x), y).item()
+    message = fails(lab01.check_train_step, loss_after, Incorrect)
+    assert message.startswith("over 4 steps the model was called 8 times")
+
+    def wrong_loss(model, optimizer, x, y):
+        train_step(model, optimizer, x, y)
+        return 0.0
+    message = fails(lab01.check_train_step, wrong_loss, Incorrect)
+    assert message.startswith("the weights are right but the returned losses are not the loss of each batch")
+
+
+def test_train_step_updates_one_layer_only():
+    def last_layer_only(model, optimizer, x, y):
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        with torch.no_grad():
+            model.layers[-1].weight -= 0.3 * model.layers[-1].weight.grad
+        return loss.item()
+    message = fails(lab01.check_train_step, last_layer_only, Incorrect)
+    assert message.startswith("the weights of layer(s) [0, 1] did not change")
+
+
+def test_hints_are_shown_on_demand_and_absent_from_the_learner_edition(capsys):
+    lab01.hint("1.4")
+    assert "optimizer.zero_grad()" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="no step-by-step hint for '9.9'"):
+        lab01.hint("9.9")
+    learner_cells_hold_no_hint(ROOT / "labs" / "01_mlp_cpu.ipynb", lab01.HINTS)
 
 
 # --- the ExerciseError machinery -------------------------------------------------------------
