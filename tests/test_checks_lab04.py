@@ -557,4 +557,6 @@ def test_step_by_step_hints_are_shown_on_demand_and_absent_from_the_learner_edit
         assert f'lab04.hint("{name}")' in text, f"the lab never tells the learner about lab04.hint({name!r})"
         for line in steps.splitlines()[1:]:
             step = re.sub(r"^\d+\.\s*", "", line.strip())
+            if step.endswith(":"):
+                continue  # a heading such as the function's signature
             assert len(step) < 25 or step not in text, f"step-by-step hint {name} shows in the learner edition: {step}"
