@@ -9,13 +9,15 @@ WORKSPACE ?= workspace
 LAB_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: help venv lab test release course
+.PHONY: help venv lab test release course slides
 
 help:
 	@echo "make lab      open JupyterLab on your own copy of the labs in $(WORKSPACE)/"
 	@echo "make test     run the whole test suite (every notebook in quick mode)"
 	@echo "make release  write the learner edition to build/release/"
-	@echo "make course   execute every lab (full mode) into build/course/ as .ipynb and .html"
+	@echo "make course   execute every lab and the assessment (full mode; COURSE_QUICK=1 for quick) into"
+	@echo "              build/course/: executed notebooks, HTML pages and index.html, the course map"
+	@echo "make slides   build every deck in slides/ into build/slides/ (reveal.js HTML and PDF, offline)"
 
 venv: $(STAMP)
 
@@ -36,5 +38,11 @@ test: $(STAMP)
 release: $(STAMP)
 	$(BIN)/python -m utils.release --out build/release
 
-course: $(STAMP)
-	$(BIN)/python -m utils.course --out build/course labs/*.ipynb
+# Every lab, then the assessment where it exists; the index links to the decks that `slides` built.
+course: $(STAMP) slides
+	$(BIN)/python -m utils.course --out build/course --index --slides build/slides labs/*.ipynb $(wildcard assessment/assessment.ipynb)
+
+# reveal.js comes from npm (slides/package-lock.json; `npm ci` runs when it is missing) and the
+# PDFs from headless Chromium; the build says what to install when either is missing.
+slides: $(STAMP)
+	$(BIN)/python -m slides.build --out build/slides
