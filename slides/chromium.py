@@ -128,10 +128,17 @@ class Browser:
             raise BrowserError(f"{method}: {answer['error'].get('message')}")
         return answer.get("result", {})
 
+    def attach(self, target: str) -> "Page":
+        """A Page for an existing target (a window the page opened, such as the speaker view)."""
+        return Page(self, self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"])
+
+    def windows(self) -> list[dict]:
+        """Every open page: ``targetId``, ``title`` and ``url``."""
+        return [t for t in self.send("Target.getTargets")["targetInfos"] if t["type"] == "page"]
+
     def new_page(self, width: int = 1280, height: int = 720) -> "Page":
         target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
-        session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-        page = Page(self, session)
+        page = self.attach(target)
         for domain in ("Page", "Runtime", "Network", "Log"):
             page.send(f"{domain}.enable")
         page.send("Emulation.setDeviceMetricsOverride",
@@ -189,9 +196,10 @@ class Page:
                 raise BrowserError(f"{message} within {timeout} s")
             time.sleep(0.05)
 
-    def evaluate(self, expression: str):
+    def evaluate(self, expression: str, user_gesture: bool = False):
+        """The value of ``expression`` in the page; ``user_gesture`` lets it open a window, as a key press would."""
         result = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True,
-                                                "awaitPromise": True})
+                                                "awaitPromise": True, "userGesture": user_gesture})
         if "exceptionDetails" in result:
             raise BrowserError(f"{expression!r} raised: {result['exceptionDetails'].get('text')} "
                                f"{result['exceptionDetails'].get('exception', {}).get('description', '')}")

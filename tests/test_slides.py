@@ -6,6 +6,7 @@ count); `.ci/setup/20-browser.sh` installs both in CI, and elsewhere they skip s
 from __future__ import annotations
 
 import io
+import json
 import re
 import shutil
 import subprocess
@@ -113,6 +114,29 @@ def test_every_deck_runs_offline_with_its_slides_and_notes(built, browser):
         assert page.failed_requests() == [], name
         assert page.errors() == [], name
         page.send("Page.close")
+
+
+@NEEDS_CHROMIUM
+def test_speaker_view_shows_the_notes_and_a_timer(built, browser):
+    out, decks = built
+    deck = decks[0]
+    page = browser.new_page()
+    page.goto(deck["html"].as_uri())
+    page.wait_for("window.Reveal && Reveal.isReady()")
+    page.evaluate("Reveal.getPlugin('notes').open(); true", user_gesture=True)   # what the S key does
+    page.wait(lambda: [w for w in browser.windows() if w["title"] == "reveal.js - Speaker View"], 20,
+              "the speaker view did not open")
+    window = next(w for w in browser.windows() if w["title"] == "reveal.js - Speaker View")
+    speaker = browser.attach(window["targetId"])
+    first_note = slides.notes_of(slides.split_slides(Path(ROOT / "slides" / f"{deck['deck']}.md").read_text())[0])
+    # The speaker view fills its notes once the deck in its frame has reported the current slide.
+    words = json.dumps(" ".join(first_note.split()[:8]))
+    speaker.wait_for(f"((document.querySelector('.speaker-controls-notes') || {{}}).textContent || '')"
+                     f".split(/\\s+/).join(' ').includes({words})", timeout=20)
+    assert speaker.evaluate("!!document.querySelector('.speaker-controls-time .timer')"), "no timer"
+    assert speaker.evaluate("document.querySelectorAll('iframe').length") == 2, "current and upcoming slide"
+    browser.send("Target.closeTarget", {"targetId": window["targetId"]})
+    page.send("Page.close")
 
 
 @NEEDS_CHROMIUM
