@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from check_helpers import fails, stub
+from learner_hints import ROOT, learner_cells_hold_no_hint
 from utils.checks import Incorrect, NotSolved, lab02
 
 # Messages of the checks, kept whole where they do not depend on the run.
@@ -38,16 +39,35 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def time_ms(fn, device, repeats=10, scale=1e3, per_call=True, warm_up=True):
+def time_ms(fn, device, repeats=10, scale=1e3, divisor=0, warm_up=True, sync_before=True, sync_after=True,
+            clock_first=False):
+    if clock_first:
+        start = time.perf_counter()
     if warm_up:
         fn()
-    sync(device)
-    start = time.perf_counter()
+    if sync_before:
+        sync(device)
+    if not clock_first:
+        start = time.perf_counter()
     for _ in range(repeats):
         fn()
-    sync(device)
-    total = (time.perf_counter() - start) * scale
-    return total / repeats if per_call else total
+    if sync_after:
+        sync(device)
+    return (time.perf_counter() - start) * scale / (repeats + divisor)
+
+
+def time_ms_events(fn, device, repeats=10):
+    fn()
+    if device.type != "cuda":
+        return time_ms(fn, device, repeats)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / repeats
 
 
 # --- 2.1 train_steps -------------------------------------------------------------------------
@@ -232,11 +252,74 @@ def test_train_steps_crash_is_incorrect_with_learner_traceback():
     assert "utils/checks" not in text.replace("\\", "/")
 
 
+# --- 2.1 on a device that cannot be read on the host ------------------------------------------
+
+def test_train_steps_host_copies_are_caught_without_a_gpu():
+    # .cpu(), .to("cpu") and a host buffer cost nothing on a CPU; the meta device makes each one fail.
+    copy_out = "train_steps copies data from the device to the host: run on a device whose tensors cannot be read"
+    message = fails(lab02.check_train_steps, stacked(keep=lambda loss: loss.detach().cpu()), Incorrect)
+    assert message.startswith(copy_out)
+    message = fails(lab02.check_train_steps, lambda *a: torch.stack(train_steps(*a)).to("cpu"), Incorrect)
+    assert message.startswith(copy_out)
+
+    def host_buffer(model, optimizer, batches):
+        losses = torch.zeros(len(batches))
+        for i, (x, y) in enumerate(batches):
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses[i] = loss.detach()
+        return losses.to(x.device)
+    assert fails(lab02.check_train_steps, host_buffer, Incorrect).startswith(copy_out)
+
+
+def test_train_steps_host_to_device_copies():
+    def running_total(model, optimizer, batches):
+        losses = []
+        for x, y in batches:
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.detach() + torch.tensor(0.0).to(x.device))
+        return torch.stack(losses)
+    message = fails(lab02.check_train_steps, running_total, Incorrect)
+    assert message.startswith("train_steps copies tensors from the host onto the device (5 copies over 5 steps")
+
+
+def test_train_steps_hints_on_demand_and_not_in_the_learner_edition(capsys):
+    lab02.hint("2.2")
+    assert "sync(device)" in capsys.readouterr().out
+    learner_cells_hold_no_hint(ROOT / "labs" / "02_single_gpu.ipynb", lab02.HINTS)
+
+
 # --- 2.2 time_ms -----------------------------------------------------------------------------
 
-def test_time_ms_correct(capsys):
-    lab02.check_time_ms(time_ms)
+SIMULATED = "on a simulated GPU (this machine has none; fn queues its work and returns at once, as a CUDA launch does)"
+needs_simulation = pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU is simulated only without one")
+
+
+@pytest.mark.parametrize("timer", [time_ms, time_ms_events], ids=["perf_counter", "cuda events"])
+def test_time_ms_correct(timer, capsys):
+    lab02.check_time_ms(timer)
     assert "\u2713 Exercise 2.2 (time_ms): passed" in capsys.readouterr().out
+
+
+def test_time_ms_guarded_by_is_available(capsys):
+    def guarded(fn, device, repeats):
+        fn()
+        if torch.cuda.is_available() and device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        if torch.cuda.is_available() and device.type == "cuda":
+            torch.cuda.synchronize()
+        return (time.perf_counter() - start) * 1e3 / repeats
+    lab02.check_time_ms(guarded)
+    assert "passed" in capsys.readouterr().out
+    assert torch.cuda.is_available.__module__ == "torch.cuda"  # the simulation put the real one back
 
 
 def test_time_ms_stub():
@@ -248,41 +331,86 @@ def test_time_ms_stub():
 
 
 def test_time_ms_seconds():
-    message = fails(lab02.check_time_ms, lambda fn, device, repeats: time_ms(fn, device, repeats, scale=1),
-                    Incorrect)
-    assert message.startswith("on cpu, a function that sleeps 20 ms took 0.0")
+    message = fails(lab02.check_time_ms, lambda fn, device, repeats: time_ms(fn, device, repeats, scale=1), Incorrect)
+    assert message.startswith("on cpu, calls of about 20 ms took 0.0")
     assert message.endswith("by your measure: that looks like seconds; return milliseconds (multiply by 1000)")
 
 
 def test_time_ms_total():
-    message = fails(lab02.check_time_ms, lambda fn, device, repeats: time_ms(fn, device, repeats, per_call=False),
+    message = fails(lab02.check_time_ms, lambda fn, device, repeats: time_ms(fn, device, repeats, divisor=1 - repeats),
                     Incorrect)
-    assert message.startswith("on cpu, a function that sleeps 20 ms took ")
-    assert message.endswith("ms by your measure, about 4 times too long: that is the total of the 4 repeats; "
-                            "divide by repeats")
+    assert message.startswith("on cpu, calls of about ")
+    assert message.endswith("5 times too long: that is the total of the 5 repeats; divide by repeats")
+
+
+def test_time_ms_divides_by_one_too_many():
+    message = fails(lab02.check_time_ms, lambda fn, device, repeats: time_ms(fn, device, repeats, divisor=1),
+                    Incorrect)
+    assert message.startswith("on cpu, your time is 5/6 of the right one")
+    assert message.endswith("divide the time of the 5 timed calls by 5, not 6")
+
+
+def test_time_ms_warm_up_inside_the_timed_region():
+    message = fails(lab02.check_time_ms, lambda fn, device, repeats: time_ms(fn, device, repeats, clock_first=True),
+                    Incorrect)
+    assert message.startswith("on cpu, your time includes the warm-up call (")
+    assert message.endswith("start the clock after the warm-up")
 
 
 def test_time_ms_wrong_number_of_calls():
-    def once(fn, device, repeats):
-        start = time.perf_counter()
-        fn()
-        return (time.perf_counter() - start) * 1e3
-    message = fails(lab02.check_time_ms, once, Incorrect)
-    assert message == ("on cpu, fn was called 1 time(s) with repeats=4: call fn() `repeats` times and return "
-                       "the mean time of one call")
+    message = fails(lab02.check_time_ms, lambda fn, device, repeats: time_ms(fn, device, repeats, warm_up=False),
+                    Incorrect)
+    assert message.startswith("on cpu, fn was called 5 time(s) with repeats=5: call it once first, as a warm-up")
 
     message = fails(lab02.check_time_ms, lambda fn, device, repeats: time_ms(fn, device, 3 * repeats), Incorrect)
-    assert message == ("on cpu, fn was called 13 times with repeats=4: call it `repeats` times "
-                       "(plus at most a few warm-up calls)")
+    assert message == ("on cpu, fn was called 16 times with repeats=5: call it `repeats` times "
+                       "(plus a warm-up call)")
+
+
+@needs_simulation
+def test_time_ms_without_synchronisation_is_caught_without_a_gpu():
+    for options in ({"sync_after": False}, {"sync_before": False, "sync_after": False}):
+        message = fails(lab02.check_time_ms, lambda fn, device, repeats: time_ms(fn, device, repeats, **options),
+                        Incorrect)
+        assert message.startswith(SIMULATED + ", calls whose work takes 20 ms took ")
+        assert "your clock stopped before the device finished" in message
+
+
+@needs_simulation
+def test_time_ms_without_synchronisation_before_the_clock():
+    message = fails(lab02.check_time_ms, lambda fn, device, repeats: time_ms(fn, device, repeats, sync_before=False),
+                    Incorrect)
+    assert message.startswith(SIMULATED + ", your time (")
+    assert "includes the end of the warm-up's work" in message
+
+
+@needs_simulation
+def test_time_ms_events_read_too_early():
+    def no_event_sync(fn, device, repeats):
+        if device.type != "cuda":
+            return time_ms(fn, device, repeats)
+        fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(repeats):
+            fn()
+        end.record()
+        return start.elapsed_time(end) / repeats
+    message = fails(lab02.check_time_ms, no_event_sync, Incorrect)
+    assert message.startswith("on a simulated GPU (this machine has none) your time_ms failed: Both events must be "
+                              "recorded and completed")
 
 
 def test_time_ms_wrong_value():
     def five(fn, device, repeats):
-        for _ in range(repeats):
+        for _ in range(repeats + 1):
             fn()
         return 5.0
     message = fails(lab02.check_time_ms, five, Incorrect)
-    assert message == "on cpu, a function that sleeps 20 ms should take about 20 ms, your time_ms returned 5"
+    assert message.startswith("on cpu, calls of about 2")
+    assert message.endswith("took 5 ms by your time_ms; time only the `repeats` calls after the warm-up, and "
+                            "divide by repeats")
 
 
 def test_time_ms_wrong_types():
