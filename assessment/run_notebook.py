@@ -1,0 +1,80 @@
+"""Executes a restored submission inside the sandbox and records, cell by cell, what happened.
+
+    python -m assessment.run_notebook IN.ipynb OUT.ipynb STATUS.json CELL_TIMEOUT_S
+
+Every cell runs, even after one fails, as nbgrader does: a failing check must not cost the run that
+counts. STATUS.json lists every cell that ran (id, seconds) and the cells that failed; the grader
+reads the wall time of the given cells from it (this process is not the learner's kernel, and the
+times are taken here, not in the kernel). Outputs are capped: a cell that prints without end
+fills OUT.ipynb with at most ``OUTPUT_CAP`` bytes, not the grader's memory.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
+from utils.course import _project_kernel_manager
+
+OUTPUT_CAP = 2 << 20  # bytes of outputs kept per notebook
+
+
+class CappedClient(NotebookClient):
+    """A notebook client that keeps at most OUTPUT_CAP bytes of outputs and times every cell."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.kept, self.dropped, self.cells = 0, 0, []
+
+    def output(self, outs, msg, display_id, cell_index):
+        size = len(json.dumps(msg.get("content", {})))
+        if self.kept + size > OUTPUT_CAP:
+            self.dropped += size
+            return None
+        self.kept += size
+        return super().output(outs, msg, display_id, cell_index)
+
+    async def async_execute_cell(self, cell, cell_index, execution_count=None, store_history=True):
+        start = time.monotonic()
+        record = {"id": cell.get("id"), "index": cell_index}
+        self.cells.append(record)
+        try:
+            return await super().async_execute_cell(cell, cell_index, execution_count, store_history)
+        finally:
+            record["seconds"] = round(time.monotonic() - start, 3)
+
+
+def main(argv=None) -> None:
+    source, target, status_file, cell_timeout = (argv or sys.argv[1:])[:4]
+    nb = nbformat.read(source, as_version=4)
+    client = CappedClient(nb, km=_project_kernel_manager(), timeout=int(cell_timeout), allow_errors=True,
+                          resources={"metadata": {"path": "."}})
+    status = {"completed": False, "error": None}
+    try:
+        client.execute(cleanup_kc=True)
+        status["completed"] = True
+    except CellTimeoutError:
+        status["error"] = {"kind": "timeout", "message": f"a cell ran longer than {cell_timeout} s"}
+    except DeadKernelError:
+        status["error"] = {"kind": "dead_kernel", "message": "the kernel died (a cell exited the process or crashed it)"}
+    except Exception as error:  # the grader must learn why, whatever it was
+        status["error"] = {"kind": "runner", "message": f"{type(error).__name__}: {error}"[:500]}
+    if status["error"] and client.cells:
+        status["error"]["cell"] = client.cells[-1]["id"]
+    status["cells"], status["dropped_output_bytes"] = client.cells, client.dropped
+    # Every cell runs even after one fails (a wrong check must not cost the run that counts);
+    # the errors are listed for the feedback.
+    status["cell_errors"] = [{"cell": cell.get("id"), "message": f"{out.get('ename')}: {out.get('evalue')}"[:300]}
+                             for cell in nb.cells if cell.cell_type == "code"
+                             for out in cell.get("outputs", []) if out.get("output_type") == "error"]
+    nbformat.write(nb, target)
+    with open(status_file, "w") as f:
+        json.dump(status, f)
+
+
+if __name__ == "__main__":
+    main()
