@@ -6,6 +6,10 @@ process group of the check's own with a short timeout, so a rank that skips a co
 seconds and a message naming the rank, never the cluster. Each case builds its own inputs on every
 rank and compares the answer with the library (``torch.utils.data.DistributedSampler``,
 ``utils.replicas``) or with values computed by hand; typical mistakes get a message that names the fix.
+The learner's function may not call the library it rewrites (a profiler sees it), and the inputs are
+awkward on purpose: 3 or more ranks in the tests, differences planted on a different rank and element
+in each case, totals that float32 gets wrong, a checkpoint written slowly over an older one.
+``lab04.hint("4.N")`` prints an exercise's step-by-step hint (``HINTS``), which the notebook never shows.
 """
 from __future__ import annotations
 
