@@ -209,6 +209,8 @@ def two_hosts(folder: Path, timeout: float = 30):
             _ip("-n", host.netns, "addr", "add", f"{host.address}/24", "dev", host.link)
             host.set_link(True)
         for name in ("host_key", "client_key"):
+            for old in (folder / name, folder / f"{name}.pub"):  # ssh-keygen would ask before overwriting
+                old.unlink(missing_ok=True)
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", PREFIX, "-f", str(folder / name)],
                            check=True, capture_output=True, timeout=30)
         shutil.copy(folder / "client_key.pub", folder / "authorized_keys")

@@ -8,12 +8,18 @@ cannot be made (not root, no iproute2 or OpenSSH: .ci/setup/11-netns.sh installs
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import netns
+from utils import export
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -76,3 +82,102 @@ def test_ssh_engines_on_two_hosts(hosts):
     # A 4 MiB all-reduce twice between two hosts sends at least 4 MiB through the veth.
     assert report["link_bytes"] > 4 * 2**20, f"only {report['link_bytes']} bytes crossed the veth"
     assert report["left"] == {name: [] for name in names}, f"processes left after cluster.stop(): {report['left']}"
+
+
+def test_a_host_that_dies_during_a_collective(hosts):
+    """Every process of host 2 (its sshd too) is killed while all ranks all-reduce: the notebook
+    gets an error naming the lost ranks before the run's deadline, stop() ends what is left."""
+    report = _notebook(hosts, "host-dies", cluster_timeout=60, kill_after=3)
+    assert report["killed"], "host 2's processes would not die"
+    lost = [rank for rank, host in enumerate(report["hosts"]) if host == hosts[1].name]
+    error = report["error"] or ""
+    # A RankError, not the TimeoutError of a run that waited until its deadline (70 s).
+    assert error.startswith(f"RankError: rank(s) {lost} lost"), error[:2000]
+    for rank in lost:
+        assert f"rank {rank} on {hosts[1].name}: its engine died" in error, error[:2000]
+    for rank in set(range(4)) - set(lost):  # the survivors saw their peer go, over the veth
+        assert f"rank {rank}: RuntimeError" in error and hosts[1].address in error, error[:2000]
+    assert report["left"] == {h.name: [] for h in hosts}, f"processes left after cluster.stop(): {report['left']}"
+
+
+def train_to_file(out: str, steps: int = 4):
+    """Exported to a torchrun script: a small DDP job on a global batch of 32 split over the ranks;
+    each rank records where it ran, rank 0 saves the final weights."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    data = torch.Generator().manual_seed(1)
+    x = torch.randn(steps, 32, 8, generator=data)
+    y = x.sum(dim=2, keepdim=True).sin()
+    share = 32 // world_size
+    for step in range(steps):
+        mine = slice(rank * share, (rank + 1) * share)
+        loss = torch.nn.functional.mse_loss(ddp(x[step, mine]), y[step, mine])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(dict(
+        rank=rank, world_size=world_size, host=socket.gethostname(), local_rank=int(os.environ["LOCAL_RANK"]),
+        master=os.environ["MASTER_ADDR"])))
+    if rank == 0:
+        torch.save(model.state_dict(), Path(out, "weights.pt"))
+
+
+def _finish(jobs: list, seconds: float) -> list[str]:
+    """Wait for every job; on a deadline kill them all (the fixture's sweep ends the rest)."""
+    deadline = time.monotonic() + seconds
+    outputs = []
+    for job in jobs:
+        try:
+            out, _ = job.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for other in jobs:
+                other.kill()
+            out, _ = job.communicate()
+            out += f"\n(killed after {seconds:g} s)"
+        outputs.append(f"exit {job.returncode}:\n{out[-3000:]}")
+    return outputs
+
+
+def test_torchrun_across_two_hosts_matches_one_host(hosts, tmp_path):
+    """The script utils.export writes, run by torchrun on both hosts (2 processes each, c10d
+    rendezvous on host 1), ends with the weights of the same 4-process job on one host."""
+    script = export.torchrun_script(tmp_path / "job.py", train_to_file, call=f"train_to_file({str(tmp_path)!r})",
+                                    imports="import json\nimport socket\nfrom pathlib import Path")
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    common = [torchrun, "--nproc-per-node", "2", "--max-restarts", "0"]
+    # One torch thread per process: 4 processes share this machine's cores.
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    jobs = [host.popen(*common, "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-id", "pdl-multihost",
+                       "--rdzv-endpoint", f"{hosts[0].name}:29400", "--rdzv-conf", "join_timeout=120",
+                       str(script), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                       cwd=tmp_path) for host in hosts]
+    outputs = _finish(jobs, 240)
+    assert all(job.returncode == 0 for job in jobs), "\n".join(outputs)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    names = [r["host"] for r in ranks]
+    assert sorted(names) == sorted([h.name for h in hosts] * 2), ranks
+    for r in ranks:
+        assert r["world_size"] == 4 and r["local_rank"] == names[:r["rank"]].count(r["host"]), ranks
+        assert r["master"] == names[0], "MASTER_ADDR is the host name of rank 0's node"
+    across = torch.load(tmp_path / "weights.pt")
+    for made in [tmp_path / "weights.pt", *tmp_path.glob("rank*.json")]:
+        made.unlink()  # the one-host run writes them again
+
+    one = tmp_path / "one_host"
+    one.mkdir()
+    (single,) = [hosts[0].popen(torchrun, "--standalone", "--nproc-per-node", "4", "--max-restarts", "0",
+                                str(script), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=env, cwd=one)]
+    outputs = _finish([single], 240)
+    assert single.returncode == 0, outputs[0]
+    # The script writes into tmp_path: the one-host run's files replace the two-host run's.
+    alone = torch.load(tmp_path / "weights.pt")
+    assert {json.loads((tmp_path / f"rank{r}.json").read_text())["host"] for r in range(4)} == {hosts[0].name}
+    torch.manual_seed(0)
+    start = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).state_dict()
+    assert not torch.equal(across["0.weight"], start["0.weight"]), "the job did not train"
+    for name in across:
+        torch.testing.assert_close(across[name], alone[name], rtol=0, atol=1e-6,
+                                   msg=lambda text, name=name: f"{name}: two hosts and one host differ: {text}")

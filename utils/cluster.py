@@ -84,22 +84,34 @@ class Workers:
             raise RankError(self._describe([(error.ename, error.evalue, error.traceback, error.engine_info)])) from None
         except TimeoutError:
             waiting = [self.rank_of_engine.get(e, e) for e, done in zip(result._targets, _done(result)) if not done]
-            raise TimeoutError(f"rank(s) {waiting} did not finish within {limit:g} s: a collective that not every "
-                               f"rank joined, or a deadlock. Restart the cluster: cluster.stop(); "
-                               f"cluster.start(...)") from None
+            where = sorted({self.hosts[r] for r in waiting if isinstance(r, int) and r < len(self.hosts)})
+            on = f" (on {', '.join(where)})" if self.engines != "local" and where else ""
+            raise TimeoutError(f"rank(s) {waiting}{on} did not finish within {limit:g} s: a collective that not "
+                               f"every rank joined, a deadlock, or a host that went away. Restart the cluster: "
+                               f"cluster.stop(); cluster.start(...)") from None
 
     def _describe(self, errors) -> str:
         """One paragraph per failing rank, in rank order: the error, then that rank's traceback."""
         import re
 
-        parts = []
+        parts, lost = [], []
         for ename, evalue, traceback, info in errors:
             rank = self.rank_of_engine.get((info or {}).get("engine_id"))
+            died = re.match(r"Engine (\d+) died", str(evalue)) if ename == "EngineError" else None
+            if died:  # the controller gave up on the engine (its process or its host is gone)
+                rank = self.rank_of_engine.get(int(died.group(1)))
+                lost.append(rank)
+                where = f" on {self.hosts[rank]}" if rank is not None and rank < len(self.hosts) else ""
+                parts.append((rank if rank is not None else self.n, f"rank {rank}{where}: its engine died"))
+                continue
             who = f"rank {rank}" if rank is not None else "an engine (it died or was stopped)"
             trace = re.sub(r"\x1b\[[0-9;]*m", "", traceback or "").strip()
             parts.append((rank if rank is not None else self.n, f"{who}: {ename}: {evalue}"
                           + (f"\n    " + trace.replace("\n", "\n    ") if trace else "")))
-        return "\n".join(text for _, text in sorted(parts, key=lambda part: part[0]))
+        # Lost ranks first: the other ranks' errors (a peer that closed the connection) follow from them.
+        head = [f"rank(s) {sorted(r for r in lost if r is not None)} lost: their engines died or their host went "
+                f"away. Restart the cluster: cluster.stop(); cluster.start(...)"] if lost else []
+        return "\n".join(head + [text for _, text in sorted(parts, key=lambda part: part[0])])
 
     def stop(self) -> None:
         stop()
@@ -427,7 +439,9 @@ def stop() -> None:
                 workers.client.close()
             workers.cluster.stop_cluster_sync()
         except Exception:
-            pass
+            # An engine's host that went away cannot be reached to stop it (ssh fails): what runs
+            # here is ended below, and ipyparallel's exit handler must not try (and print) again.
+            workers.cluster.shutdown_atexit = False
     terminate(procs)
     if workers.watchdog is not None:
         workers.watchdog.kill()
