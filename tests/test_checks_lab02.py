@@ -188,6 +188,21 @@ def test_train_steps_missing_step():
     assert fails(lab02.check_train_steps, zero_grad_between_backward_and_step, Incorrect) == expected
 
 
+def test_train_steps_skips_the_last_update():
+    def last_step_missing(model, optimizer, batches):
+        losses = []
+        for i, (x, y) in enumerate(batches):
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            if i < len(batches) - 1:
+                optimizer.step()
+            losses.append(loss.detach())
+        return torch.stack(losses)
+    message = fails(lab02.check_train_steps, last_step_missing, Incorrect)
+    assert message.startswith("the losses are right but the final weights differ from the reference's")
+
+
 def test_train_steps_wrong_loss():
     def mse(model, optimizer, batches):
         losses = []

@@ -175,6 +175,10 @@ def check_train_steps(train_steps) -> None:
             expect(False, f"the losses differ from one SGD step per batch with "
                           f"loss = F.cross_entropy(model(x), y): expected "
                           f"{[round(v, 4) for v in expected]}, got {[round(v, 4) for v in got.tolist()]}")
+        expect(all(torch.allclose(p, q, rtol=1e-4, atol=1e-6)
+                   for p, q in zip(learner_model.parameters(), reference_model.parameters())),
+               "the losses are right but the final weights differ from the reference's: every batch, the last "
+               "one included, needs its optimizer.step() after loss.backward()")
         expect(not reads, f"the losses are right, but train_steps reads tensors on the host: "
                           f"{_describe_reads(reads)}. On a GPU each read waits until the device has "
                           f"finished all queued work (a sync point). Keep the losses as tensors and let "
