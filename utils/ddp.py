@@ -36,31 +36,76 @@ from torch import nn
 
 
 class Timeline:
-    """Spans of time on named lanes ("compute", "bucket 0", ...), for a Gantt chart of one step."""
+    """Spans of time on named lanes ("compute", "bucket 0", ...), for a Gantt chart of one step.
 
-    def __init__(self):
+    On the CPU a span is host time (``time.perf_counter``). With a CUDA ``device`` the host only
+    queues work, so spans are CUDA events on the device's streams instead, read (after a
+    synchronisation) when ``spans`` is first asked for: NCCL completes a collective's future when
+    the collective is queued, not when its bytes have arrived, so host clocks would end every
+    all-reduce at its launch.
+    """
+
+    def __init__(self, device=None):
         self.origin = time.perf_counter()
-        self.spans: list[tuple[str, str, float, float]] = []   # (lane, label, start s, end s)
+        self.cuda = device is not None and torch.device(device).type == "cuda"
+        self._spans: list[tuple[str, str, float, float]] = []   # (lane, label, start s, end s)
+        self._events: list = []                                   # (lane, label, start event, end event)
+        if self.cuda:
+            self._origin_event = self._event()
+            self._side = torch.cuda.Stream(device=device)         # where the ends of collectives are marked
+
+    @staticmethod
+    def _event():
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def add(self, lane: str, label: str, start: float, end: float) -> None:
-        self.spans.append((lane, label, start - self.origin, end - self.origin))
+        self._spans.append((lane, label, start - self.origin, end - self.origin))
+
+    @property
+    def spans(self) -> list[tuple[str, str, float, float]]:
+        if self._events:
+            torch.cuda.synchronize()
+            for lane, label, start, end in self._events:
+                self._spans.append((lane, label, self._origin_event.elapsed_time(start) / 1e3,
+                                    self._origin_event.elapsed_time(end) / 1e3))
+            self._events = []
+        return self._spans
 
     @contextmanager
     def span(self, lane: str, label: str):
+        if self.cuda:
+            start = self._event()
+            try:
+                yield
+            finally:
+                self._events.append((lane, label, start, self._event()))
+            return
         start = time.perf_counter()
         try:
             yield
         finally:
             self.add(lane, label, start, time.perf_counter())
 
+    def add_work(self, lane: str, work) -> None:
+        """An async collective from its launch to its end (time queued behind earlier ones included)."""
+        if self.cuda:
+            start = self._event()                      # the gradients are ready: the collective may start
+            with torch.cuda.stream(self._side):
+                work.wait()                            # the side stream waits for the collective, the host does not
+                end = torch.cuda.Event(enable_timing=True)
+                end.record(self._side)
+            self._events.append((lane, "all_reduce", start, end))
+            return
+        start = time.perf_counter()
+        work.get_future().then(lambda _: self.add(lane, "all_reduce", start, time.perf_counter()))
+
 
 def _record_when_done(timeline: Timeline | None, work, lane: str) -> None:
-    """Record an async all_reduce on a lane of its own, from its launch to when its future completes
-    (time spent queued behind earlier collectives included)."""
-    if timeline is None:
-        return
-    start = time.perf_counter()
-    work.get_future().then(lambda _: timeline.add(lane, "all_reduce", start, time.perf_counter()))
+    """Record an async all_reduce on a lane of its own (see ``Timeline.add_work``)."""
+    if timeline is not None:
+        timeline.add_work(lane, work)
 
 
 class DataParallel(nn.Module):
