@@ -39,6 +39,15 @@ def _where():
                 master=master, master_ip=socket.gethostbyname(master), sum=x.tolist())
 
 
+def _mpi_where():
+    import socket
+
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    return world.Get_rank(), socket.gethostname(), world.allreduce(world.Get_rank() + 1)
+
+
 def _all_reduce_mib(mib: int, times: int):
     import torch
     import torch.distributed as dist
@@ -98,18 +107,30 @@ def _cmdline(pid: int) -> str:
 def main(scenario: str, settings: dict) -> dict:
     hosts = [netns.Host(**host) for host in settings["hosts"]]
     allowed = set(settings["sshd_pids"]) | {os.getpid()}
-    engines = {host.name: 2 for host in hosts}
     report: dict = {"scenario": scenario}
+    if scenario == "mpi":
+        # mpich's mpiexec starts its proxies on the other hosts over ssh; on a cluster plain ssh
+        # logs in, here ssh needs the test's key and options, so mpiexec runs a wrapper with them.
+        wrapper = Path(settings["folder"]) / "ssh-for-mpiexec"
+        wrapper.write_text("#!/bin/sh\nexec ssh " + " ".join(settings["ssh_args"]) + ' "$@"\n')
+        wrapper.chmod(0o755)
+        hosts_arg = ",".join(f"{host.name}:2" for host in hosts)
+        launcher = {"MPIEngineSetLauncher": {"mpi_args": ["-launcher", "ssh", "-launcher-exec", str(wrapper),
+                                                          "-hosts", hosts_arg]}}
+        engines = "mpi"
+    else:
+        launcher = {"SSHEngineSetLauncher": {"engines": {host.name: 2 for host in hosts},
+                                             "ssh_args": settings["ssh_args"], "scp_args": settings["scp_args"]}}
+        engines = "ssh"
     started = time.monotonic()
-    workers = cluster.start(4, engines="ssh", backend="gloo", activate=False, controller_ip="*",
-                            timeout=settings["cluster_timeout"],
-                            launcher_config={"SSHEngineSetLauncher": {"engines": engines,
-                                                                      "ssh_args": settings["ssh_args"],
-                                                                      "scp_args": settings["scp_args"]}})
+    workers = cluster.start(4, engines=engines, backend="gloo", activate=False, controller_ip="*",
+                            timeout=settings["cluster_timeout"], launcher_config=launcher)
     report.update(start_s=time.monotonic() - started, hosts=workers.hosts, master=workers.master)
     try:
         report["ranks"] = workers.run(_where)
-        if scenario == "ssh":
+        if scenario == "mpi":
+            report["mpi"] = workers.run(_mpi_where)
+        if scenario in ("ssh", "mpi"):
             before = hosts[0].link_bytes()
             report["all_reduce"] = workers.run(_all_reduce_mib, 4, 2)
             report["link_bytes"] = hosts[0].link_bytes() - before

@@ -10,13 +10,16 @@ and loopback are used: nothing is routed out of the namespaces.
 
 Everything made here is named with PREFIX; ``sweep()`` kills every process in a namespace of
 that name and removes the namespaces and their /etc/netns folders, so a run that was killed
-leaves nothing behind for the next. Needs root, iproute2 and OpenSSH (Debian: apt-get install
+leaves nothing behind for the next. One set of hosts at a time on a machine: a lock file (freed
+by the kernel when its holder dies, however it dies) makes a second run wait instead of sweeping
+away the hosts of one that is still running. Needs root, iproute2 and OpenSSH (Debian: apt-get install
 iproute2 openssh-server openssh-client); used by tests/test_multihost.py and
 benchmarks/bench_multihost.py.
 """
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -29,6 +32,37 @@ from pathlib import Path
 PREFIX = "pdlmh"  # "parallel deep learning, multi-host": namespaces, links, host names, /etc/netns
 SUBNET = "10.200.0"
 SSH_PORT = 22  # each host has its own port space: every sshd listens on 22, as on real machines
+LOCK = Path("/tmp") / f".{PREFIX}.lock"
+_lock_depth = 0
+
+
+@contextlib.contextmanager
+def exclusive(seconds: float = 900):
+    """Hold the machine-wide lock (re-entrant within this process) for at most ``seconds`` of waiting."""
+    global _lock_depth
+    if _lock_depth:
+        _lock_depth += 1
+        try:
+            yield
+        finally:
+            _lock_depth -= 1
+        return
+    with open(LOCK, "a") as handle:
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"another run has held {LOCK} for {seconds:g} s; is it stuck?") from None
+                time.sleep(1)
+        _lock_depth = 1
+        try:
+            yield
+        finally:
+            _lock_depth = 0
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -69,6 +103,11 @@ def _kill_all(netns: str, seconds: float = 10) -> list[int]:
 def sweep() -> list[str]:
     """Remove every namespace, process and /etc/netns folder that carries PREFIX; returns what
     was found (leftovers of an earlier run that was killed, or of the run that ends now)."""
+    with exclusive():
+        return _sweep()
+
+
+def _sweep() -> list[str]:
     found = []
     for netns in namespaces():
         found.append(netns)
@@ -88,7 +127,7 @@ def unavailable() -> str | None:
         missing.append("sshd")
     if missing:
         return f"needs {', '.join(missing)}: apt-get install iproute2 util-linux openssh-server openssh-client"
-    probe = f"{PREFIX}-probe"
+    probe = f"{PREFIX}-probe{os.getpid()}"
     made = _ip("netns", "add", probe, check=False)
     _ip("netns", "delete", probe, check=False)
     if made.returncode != 0:
@@ -192,8 +231,12 @@ def two_hosts(folder: Path, timeout: float = 30):
     reason = unavailable()
     if reason:
         raise RuntimeError(reason)
-    sweep()
-    folder = Path(folder)
+    with exclusive():
+        yield from _two_hosts(Path(folder), timeout)
+
+
+def _two_hosts(folder: Path, timeout: float):
+    _sweep()
     hosts = [Host(index=i, netns=f"{PREFIX}-h{i}", name=f"{PREFIX}-node{i}", address=f"{SUBNET}.{i}",
                   link=f"{PREFIX}-v{i}") for i in (1, 2)]
     try:
@@ -240,7 +283,7 @@ def two_hosts(folder: Path, timeout: float = 30):
         for host in hosts:
             if host.sshd is not None and host.sshd.poll() is None:
                 host.sshd.kill()
-        sweep()
+        _sweep()
         for host in hosts:
             if host.sshd is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):

@@ -62,10 +62,12 @@ def _notebook(hosts, scenario: str, timeout: float = 300, **settings) -> dict:
     return report
 
 
-def test_ssh_engines_on_two_hosts(hosts):
-    """cluster.start(4, engines="ssh") with 2 engines per host: ranks, LOCAL_RANK, rendezvous by
-    host name, an all-reduce over the veth, and nothing left on either host after stop()."""
-    report = _notebook(hosts, "ssh", cluster_timeout=60)
+@pytest.mark.parametrize("engines", ["ssh", "mpi"])
+def test_engines_on_two_hosts(hosts, engines):
+    """cluster.start(4, engines=...) with 2 engines per host, over ssh (ipyparallel's SSH launcher)
+    or mpiexec (mpich's hydra, which starts the other host's ranks over ssh): ranks, LOCAL_RANK,
+    rendezvous by host name, an all-reduce over the veth, nothing left on either host after stop()."""
+    report = _notebook(hosts, engines, cluster_timeout=60, folder=str(hosts.folder))
     names = [h.name for h in hosts]
     assert sorted(report["hosts"]) == sorted(names * 2), f"2 engines per host: {report['hosts']}"
     ranks = report["ranks"]
@@ -81,6 +83,9 @@ def test_ssh_engines_on_two_hosts(hosts):
     assert report["all_reduce"] == [4.0 ** 2] * 4, "two all-reduces of ones over 4 ranks"
     # A 4 MiB all-reduce twice between two hosts sends at least 4 MiB through the veth.
     assert report["link_bytes"] > 4 * 2**20, f"only {report['link_bytes']} bytes crossed the veth"
+    if engines == "mpi":  # ranks follow MPI's, whose ranks 0, 1 are on the first host of -hosts
+        assert report["hosts"] == [names[0]] * 2 + [names[1]] * 2
+        assert report["mpi"] == [[rank, report["hosts"][rank], 10] for rank in range(4)], report["mpi"]
     assert report["left"] == {name: [] for name in names}, f"processes left after cluster.stop(): {report['left']}"
 
 
