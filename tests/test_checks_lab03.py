@@ -321,11 +321,11 @@ def test_reduction_message_shows_the_wrong_row_not_the_first():
 # --- 3.3 ring all-reduce ------------------------------------------------------------------------
 
 def _ring(reversed_ring=False, whole_tensor=False, all_gather=True, floor_chunks=False, in_place=True,
-          direct=False, blocking=False):
+          direct=False, blocking=False, batched=False):
     # @interactive functions see the engines' globals and take no closure: the settings are defaults
     @interactive
     def ring(tensor, reversed_ring=reversed_ring, whole_tensor=whole_tensor, all_gather=all_gather,
-             floor_chunks=floor_chunks, in_place=in_place, direct=direct, blocking=blocking):
+             floor_chunks=floor_chunks, in_place=in_place, direct=direct, blocking=blocking, batched=batched):
         rank, p = dist.get_rank(), dist.get_world_size()
         right, left = ((rank - 1) % p, (rank + 1) % p) if reversed_ring else ((rank + 1) % p, (rank - 1) % p)
         flat = tensor.view(-1) if in_place else tensor.clone().view(-1)
@@ -376,6 +376,11 @@ def _ring(reversed_ring=False, whole_tensor=False, all_gather=True, floor_chunks
                     else:
                         dist.recv(buffer[:r1 - r0], left)
                 return flat[r0:r1], buffer[:r1 - r0]
+            if batched:
+                operations = [dist.P2POp(dist.isend, flat[s0:s1], right), dist.P2POp(dist.irecv, buffer[:r1 - r0], left)]
+                for request in dist.batch_isend_irecv(operations):
+                    request.wait()
+                return flat[r0:r1], buffer[:r1 - r0]
             requests = [dist.isend(flat[s0:s1], right), dist.irecv(buffer[:r1 - r0], left)]
             for request in requests:
                 request.wait()
@@ -398,7 +403,7 @@ def ring_with_all_reduce(tensor):
     return tensor
 
 
-@pytest.mark.parametrize("right", [_ring(), _ring(blocking=True), "reference"])
+@pytest.mark.parametrize("right", [_ring(), _ring(blocking=True), _ring(batched=True), "reference"])
 def test_ring_right(workers, right, capsys):
     if right == "reference":
         @interactive

@@ -307,7 +307,7 @@ def _rows_job(matmul_by_rows, n, k, m, seed):
     if rank != 0 and log["received"] > allowed:
         raise _Wrong(f"rank {rank} received {log['received']} elements for {case}, more than B ({k * m}) and its "
                      f"{share} rows of A ({share * k}): send each rank only its rows (dist.scatter), not the whole "
-                     f"of A")
+                     f"of A, and gather the results on rank 0 only (dist.gather, not all_gather)")
     return work["multiply_adds"], log["received"]
 
 
