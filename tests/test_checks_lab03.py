@@ -30,6 +30,7 @@ def fails(check, workers, solution, *needles):
     with pytest.raises(Incorrect) as info:
         check(workers, solution)
     message = str(info.value)
+    assert "lab03.hint(" in message, message
     for needle in needles:
         assert needle in message, message
     return message

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 import torch
 
-from . import exercise, expect, show_hint
+from . import Incorrect, exercise, expect, show_hint
 from ..collectives import chunk_bounds
 from .engines import _POINT_TO_POINT, _Wrong, _prepare, _run_case, _spy
 
@@ -59,12 +59,12 @@ def hint(name: str) -> None:
 
 # --- on the engines ------------------------------------------------------------------------
 
-_PRODUCTS = {"matmul", "__matmul__", "__rmatmul__", "mm", "addmm", "linear", "bmm", "baddbmm", "mv", "addmv",
+_PRODUCTS = {"matmul", "__matmul__", "mm", "addmm", "linear", "bmm", "baddbmm", "mv", "addmv",
              "einsum", "tensordot", "dot", "inner", "vdot", "outer"}
 # Collectives compared across ranks before they run: the tensor every rank passes (argument name).
 _COLLECTIVES = {"broadcast": "tensor", "all_reduce": "tensor", "reduce": "tensor", "scatter": "tensor",
                 "gather": "tensor", "all_gather": "tensor", "all_gather_into_tensor": "input_tensor",
-                "reduce_scatter_tensor": "output", "all_to_all_single": "input", "barrier": None}
+                "reduce_scatter_tensor": "output", "all_to_all_single": None, "barrier": None}  # None: sizes may differ
 _COLLECTIVE_CODES = {name: i + 1 for i, name in enumerate(_COLLECTIVES)}
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
            torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128]
@@ -117,7 +117,8 @@ def _count_products():
 
 
 def _describe(dtype_code: int, numel: int) -> str:
-    return f"a {_DTYPES[dtype_code - 1] if dtype_code else 'non-tensor'} tensor of {numel} element(s)"
+    dtype = _DTYPES[dtype_code - 1] if 0 < dtype_code <= len(_DTYPES) else "other"
+    return f"a {dtype if dtype_code else 'non-tensor'} tensor of {numel} element(s)"
 
 
 @contextmanager
@@ -430,6 +431,15 @@ def _ring_job(ring_all_reduce, shape, dtype_name, seed):
 
 # --- in the notebook -----------------------------------------------------------------------
 
+@contextmanager
+def _pointing_to_hint(number: str):
+    """A wrong answer's message ends by pointing to the step-by-step hint."""
+    try:
+        yield
+    except Incorrect as error:
+        raise Incorrect(f"{error}\n  Stuck? lab03.hint(\"{number}\") prints a step-by-step hint.") from error.__cause__
+
+
 def _few_ranks(p: int) -> str:
     return (f"\n  Only {p} rank(s): at 2 ranks the left and right neighbour are the same rank and many wrong "
             f"schedules still add up. Check again on 3 or more (cluster.stop(); workers = cluster.start(3))."
@@ -439,7 +449,7 @@ def _few_ranks(p: int) -> str:
 def check_matmul_by_rows(workers, matmul_by_rows) -> None:
     """Exercise 3.1: ``matmul_by_rows(A, B)``: rows of A scattered, B broadcast, rows gathered on rank 0."""
     name = "Exercise 3.1 (matmul by rows)"
-    with exercise(name):
+    with exercise(name), _pointing_to_hint("3.1"):
         _prepare(workers, matmul_by_rows, name)
         p = workers.n
         shapes = [(2 * p, 3, 4), (7, 5, 3), (2 * p + 1, 3, 3), (1, 4, 2), (5, 1, 6), (3 * p - 1, 6, 5)]
@@ -464,7 +474,7 @@ def check_matmul_by_rows(workers, matmul_by_rows) -> None:
 def check_matmul_by_reduction(workers, matmul_by_reduction) -> None:
     """Exercise 3.2: ``matmul_by_reduction(A, B)``: inner dimension split, partial products all-reduced."""
     name = "Exercise 3.2 (matmul by reduction)"
-    with exercise(name):
+    with exercise(name), _pointing_to_hint("3.2"):
         _prepare(workers, matmul_by_reduction, name)
         p = workers.n
         shapes = [(4, 2 * p, 3), (7, 5, 3), (6, 2 * p + 1, 5), (2, p - 1, 4), (3, 1, 2), (5, 3 * p + 2, 4)]
@@ -484,7 +494,7 @@ def check_matmul_by_reduction(workers, matmul_by_reduction) -> None:
 def check_ring_all_reduce(workers, ring_all_reduce) -> None:
     """Exercise 3.3: ``ring_all_reduce(tensor)``: in-place sum by reduce-scatter + all-gather over a ring."""
     name = "Exercise 3.3 (ring all-reduce)"
-    with exercise(name):
+    with exercise(name), _pointing_to_hint("3.3"):
         _prepare(workers, ring_all_reduce, name)
         p = workers.n
         shapes = [((3 * p,), "float32"), ((1000 * p,), "float32"), ((7,), "float32"), ((2 * p + 1,), "float64"),
