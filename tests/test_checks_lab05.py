@@ -273,6 +273,15 @@ class WaitsInHook(Overlap):
         self.handles[param].wait()
 
 
+class NeverWaits(Overlap):
+    def finish_gradient_synchronization(self):
+        for param in self.params:
+            if param not in self.handles:
+                param.grad = self.local_grad(param) / self.world_size
+                self.handles[param] = dist.all_reduce(param.grad, async_op=True)
+        self.handles = {}                                 # forgot to wait
+
+
 class HooksIgnoreNoSync(Overlap):
     def gradient_ready(self, param):
         if param in self.handles:
@@ -362,6 +371,7 @@ def test_stub_is_not_solved(workers):
     (lab05.check_overlap, Flat, "start each parameter's all_reduce from its hook"),
     (lab05.check_overlap, BlockingInHook, "async_op=True"),
     (lab05.check_overlap, WaitsInHook, "waited for"),
+    (lab05.check_overlap, NeverWaits, "still running when finish_gradient_synchronization() returned"),
     (lab05.check_overlap, HooksIgnoreNoSync, "inside `with model.no_sync():`"),
     (lab05.check_bucketed, Overlap, "unexpected keyword argument 'bucket_cap_mb'"),
     (lab05.check_bucketed, ForwardOrderBuckets, "from the last parameter to the first"),
