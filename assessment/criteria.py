@@ -130,7 +130,7 @@ def rank_ddp_step(ns: dict, seed: int) -> dict:
     for x, y in _step_batches(seed, STEP_PER_RANK * world):
         part = slice(rank * STEP_PER_RANK, (rank + 1) * STEP_PER_RANK)
         loss = ns["train_step"](model, optimizer, x[part], y[part])
-        losses.append(float(loss))
+        losses.append(float(loss.detach()) if torch.is_tensor(loss) else float(loss))
     return {"weights": _weights(model), "losses": losses,
             "is_ddp": isinstance(model, torch.nn.parallel.DistributedDataParallel)}
 
@@ -223,11 +223,13 @@ def rank_job(ns: dict, seed: int, model_path: str) -> dict:
     saved = None
     if Path(model_path).exists():
         try:
-            saved = list(torch.load(model_path, weights_only=True, map_location="cpu").values())
+            state = torch.load(model_path, weights_only=True, map_location="cpu")
+            saved = {"keys": list(state), "values": list(state.values())}
         except Exception as error:  # judged below: the message says what was wrong with the file
             saved = f"{type(error).__name__}: {error}"
     return {"printed": out.getvalue(), "fetched": ns["train_set"].fetched, "batch_sizes": probes["batch_sizes"],
             "weights": _weights(probes["models"][-1]) if probes["models"] else None, "saved": saved,
+            "keys": list(probes["models"][-1].state_dict()) if probes["models"] else [],
             "initial": _weights(probe_job_model(seed))}
 
 
@@ -269,7 +271,7 @@ def judge_job(results: list[dict]) -> str | None:
         return "no model was saved at model_path: rank 0 saves the trained model's state_dict there"
     if isinstance(saved, str):
         return f"the file at model_path could not be read as a state_dict ({saved})"
-    if not _same(saved, results[0]["weights"], 1e-6):
+    if saved["keys"] != results[0]["keys"] or not _same(saved["values"], results[0]["weights"], 1e-6):
         return ("the saved state_dict is not the trained model's: save model.module.state_dict() (the model "
                 "inside DDP, so the keys have no 'module.' prefix) after the last epoch")
     return None

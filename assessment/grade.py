@@ -159,9 +159,10 @@ def grade_one(path: Path, out: Path, options: argparse.Namespace) -> Grade:
         (probe_work / "learner.py").write_text(submission.code)
         seed = secrets.randbelow(2**31)
         keep = [f"results/world{w}_rank{r}.pt" for w in PROBE_WORLDS for r in range(w)]
-        sandbox.run([sys.executable, "-m", "assessment.probe", "learner.py", "results", str(seed),
+        per_world = options.probe_timeout / len(PROBE_WORLDS)
+        sandbox.run([sys.executable, "-m", "assessment.probe", "learner.py", "results", str(seed), str(per_world),
                      *map(str, PROBE_WORLDS)], probe_work, keep, probe_out,
-                    sandbox.Limits(wall_s=options.probe_timeout), env)
+                    sandbox.Limits(wall_s=options.probe_timeout + 30), env)
         (probe_out / "probe-seed").write_text(str(seed))
         for name, reason in judge_probes(probe_out).items():
             grade.points[name] = criteria[name][0] if reason is None else 0

@@ -1,11 +1,12 @@
 """Runs a submission's functions on freshly spawned ranks and saves what each rank produced.
 
-    python -m assessment.probe LEARNER_CODE.py OUT_DIR SEED [WORLD ...]
+    python -m assessment.probe LEARNER_CODE.py OUT_DIR SEED SECONDS_PER_WORLD [WORLD ...]
 
 The grader starts this inside the sandbox (``assessment.sandbox``). For each world size, every rank
 starts a gloo process group, defines the names the assessment's engines have (``rank``, ``device``,
 ``torch``, ``DistributedSampler``, ...), executes the learner's code cells, then runs each
-criterion's ``rank_*`` half and saves the results to OUT_DIR/world{W}_rank{R}.pt. The verdicts are
+criterion's ``rank_*`` half, saving the results so far to OUT_DIR/world{W}_rank{R}.pt after each
+one (a criterion that hangs costs only itself and those after it). The verdicts are
 taken later, in the grader's own process (``assessment.criteria.judge_*``).
 """
 from __future__ import annotations
@@ -20,7 +21,6 @@ import traceback
 from pathlib import Path
 
 GROUP_TIMEOUT_S = 30     # a rank waiting for a collective the others never reach gives up after this
-WORLD_TIMEOUT_S = 150    # all criteria on one world size
 
 
 def engine_names(rank: int, world: int) -> dict:
@@ -74,6 +74,7 @@ def _rank(rank: int, world: int, port: int, code: str, out: str, seed: int) -> N
             results[name] = run()
         except BaseException as error:
             results[name] = _error(error)
+        torch.save(results, Path(out) / f"world{world}_rank{rank}.pt")
         try:
             dist.barrier()  # ranks start each criterion together; a lost rank shows up here
         except Exception:
@@ -91,13 +92,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_world(world: int, code: str, out: Path, seed: int) -> None:
+def run_world(world: int, code: str, out: Path, seed: int, seconds: float) -> None:
     context = mp.get_context("spawn")
     port = _free_port()
     ranks = [context.Process(target=_rank, args=(r, world, port, code, str(out), seed)) for r in range(world)]
     for process in ranks:
         process.start()
-    deadline = time.monotonic() + WORLD_TIMEOUT_S
+    deadline = time.monotonic() + seconds
     for process in ranks:
         process.join(max(0.0, deadline - time.monotonic()))
     for process in ranks:
@@ -108,11 +109,11 @@ def run_world(world: int, code: str, out: Path, seed: int) -> None:
 
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    code_file, out, seed = Path(argv[0]), Path(argv[1]), int(argv[2])
+    code_file, out, seed, seconds = Path(argv[0]), Path(argv[1]), int(argv[2]), float(argv[3])
     out.mkdir(parents=True, exist_ok=True)
     code = code_file.read_text()
-    for world in [int(w) for w in argv[3:]] or [2, 3]:
-        run_world(world, code, out, seed)
+    for world in [int(w) for w in argv[4:]] or [2, 3]:
+        run_world(world, code, out, seed, seconds)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ fills OUT.ipynb with at most ``OUTPUT_CAP`` bytes, not the grader's memory.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 
@@ -48,6 +49,21 @@ class CappedClient(NotebookClient):
             record["seconds"] = round(time.monotonic() - start, 3)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_RAISED = re.compile(r"^(\u2717 .*|[A-Za-z_.]*(Error|Exception|Exit|Interrupt): .*)$", re.MULTILINE)
+
+
+def _error_message(cell, error) -> str:
+    """The error in words; for a %%px cell, the first engine's own error, not ipyparallel's summary."""
+    if error.get("ename") == "AlreadyDisplayedError":  # %%px already showed each engine's error as text
+        text = _ANSI.sub("", "".join(o.get("text", "") for o in cell.get("outputs", [])
+                                     if o.get("output_type") == "stream" and o.get("name") == "stderr"))
+        found = _RAISED.findall(text)
+        if found:
+            return f"(on the engines) {found[0][0]}"[:300]
+    return f"{error.get('ename')}: {error.get('evalue')}"[:300]
+
+
 def main(argv=None) -> None:
     source, target, status_file, cell_timeout = (argv or sys.argv[1:])[:4]
     nb = nbformat.read(source, as_version=4)
@@ -68,7 +84,7 @@ def main(argv=None) -> None:
     status["cells"], status["dropped_output_bytes"] = client.cells, client.dropped
     # Every cell runs even after one fails (a wrong check must not cost the run that counts);
     # the errors are listed for the feedback.
-    status["cell_errors"] = [{"cell": cell.get("id"), "message": f"{out.get('ename')}: {out.get('evalue')}"[:300]}
+    status["cell_errors"] = [{"cell": cell.get("id"), "message": _error_message(cell, out)}
                              for cell in nb.cells if cell.cell_type == "code"
                              for out in cell.get("outputs", []) if out.get("output_type") == "error"]
     nbformat.write(nb, target)

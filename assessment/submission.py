@@ -62,8 +62,12 @@ def _python(source: str) -> str:
 
 
 def restore(path: Path, instructor: Path = INSTRUCTOR) -> Submission:
-    given = learner_notebook(nbformat.read(instructor, as_version=4), "assessment")
-    owned = owned_cells(nbformat.read(instructor, as_version=4))
+    full = nbformat.read(instructor, as_version=4)
+    given, owned = learner_notebook(full, "assessment"), owned_cells(full)
+    # A given cell counts as edited when it matches neither edition (the instructor's has hidden tests).
+    originals = {c.id: {c.source} for c in given.cells}
+    for c in full.cells:
+        originals[c.id].add(c.source)
     mine = read(path)
     theirs = {}
     for cell in mine.cells:
@@ -79,7 +83,7 @@ def restore(path: Path, instructor: Path = INSTRUCTOR) -> Submission:
     given_ids = [c.id for c in given.cells if c.id not in owned]
     their_given = [c.get("id") for c in mine.cells if c.get("id") in set(given_ids)]
     by_id = {c.get("id"): c for c in mine.cells}
-    changed = [i for i in given_ids if i in by_id and by_id[i].source != next(c.source for c in given.cells if c.id == i)]
+    changed = [i for i in given_ids if i in by_id and by_id[i].source not in originals[i]]
     if set(given_ids) - set(their_given):
         notes.append(f"{len(set(given_ids) - set(their_given))} given cell(s) were deleted: restored")
     if changed:

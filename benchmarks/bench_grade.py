@@ -1,0 +1,67 @@
+"""Grading time per submission, and the speed-up of grading two at a time.
+
+Grades a folder of N copies of the instructor edition (correct submissions, the slowest kind:
+every cell and every probe runs to the end) with ``--jobs 1`` and then ``--jobs J``, in the default
+(full) configuration unless ``--quick``, and checks that both CSVs are identical and give full marks.
+Reports seconds per submission for each and the speed-up (serial time / parallel time).
+
+    .venv/bin/python benchmarks/bench_grade.py [--copies 2] [--jobs 2] [--quick] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import machine  # noqa: E402
+
+
+def grade(folder: Path, out: Path, jobs: int, quick: bool) -> float:
+    command = [sys.executable, "-m", "assessment.grade", str(folder), "--out", str(out), "--jobs", str(jobs)]
+    start = time.perf_counter()
+    subprocess.run(command + (["--quick"] if quick else []), cwd=ROOT, check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--copies", type=int, default=2)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="bench-grade-"))
+    try:
+        folder = scratch / "submissions"
+        folder.mkdir()
+        for i in range(args.copies):
+            shutil.copy(ROOT / "assessment" / "assessment.ipynb", folder / f"correct_{i}.ipynb")
+        serial = grade(folder, scratch / "serial", 1, args.quick)
+        parallel = grade(folder, scratch / "parallel", args.jobs, args.quick)
+        csv_serial = (scratch / "serial" / "grades.csv").read_text()
+        same = csv_serial == (scratch / "parallel" / "grades.csv").read_text()
+        rows = [line.split(",") for line in csv_serial.strip().splitlines()[1:]]
+        full = all(row[-4] == row[-3] for row in rows)  # total == max_total
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    result = {"benchmark": "grade", "date": datetime.date.today().isoformat(), "machine": machine.describe(),
+              "mode": "quick" if args.quick else "full", "copies": args.copies, "jobs": args.jobs,
+              "serial_s_per_submission": round(serial / args.copies, 1),
+              "parallel_s_per_submission": round(parallel / args.copies, 1),
+              "speedup": round(serial / parallel, 2), "csv_identical": same, "full_marks": full}
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

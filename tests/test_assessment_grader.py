@@ -1,0 +1,304 @@
+"""The grader on a whole class: good, half-done, broken and hostile submissions, graded in one batch.
+
+One batch of submissions is graded once (two at a time, quick mode) and every test reads its CSV,
+feedback and the machine's process table. Each hostile submission is the instructor's solution
+plus one attack, so the points it keeps show that the attack neither helped it nor harmed the rest.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+import textwrap
+
+import nbformat
+import pytest
+
+from assessment import sandbox
+from assessment.criteria import CRITERIA
+from assessment.submission import INSTRUCTOR, SubmissionError, restore
+from utils.release import learner_notebook
+
+ROOT = INSTRUCTOR.parent.parent
+FULL = sum(points for points, _ in CRITERIA.values())
+GRADER_ARGS = ["--quick", "--cell-timeout", "60", "--notebook-timeout", "420", "--probe-timeout", "150"]
+
+
+def instructor():
+    return nbformat.read(INSTRUCTOR, as_version=4)
+
+
+def cell(nb, cell_id):
+    return next(c for c in nb.cells if c.id == cell_id)
+
+
+def edited(changes: dict[str, str], base=None):
+    """The instructor's notebook (or ``base``) with the sources of some cells replaced."""
+    nb = base or instructor()
+    for cell_id, source in changes.items():
+        cell(nb, cell_id).source = textwrap.dedent(source).strip("\n")
+    return nb
+
+
+def appended(cell_id: str, code: str, base=None):
+    """The solution with ``code`` added at the end of one of the learner's cells."""
+    nb = base or instructor()
+    cell(nb, cell_id).source += "\n\n" + textwrap.dedent(code).strip("\n")
+    return nb
+
+
+def half_solved():
+    """Only make_train_loader (2 points) and global_mean (1 point) solved."""
+    learner, solution = learner_notebook(instructor()), instructor()
+    for cell_id in ("asmt-08", "asmt-14"):
+        cell(learner, cell_id).source = cell(solution, cell_id).source
+    return learner
+
+
+def tampered():
+    """Given cells deleted (two checks), moved and edited (the run that counts at a small batch)."""
+    nb = instructor()
+    nb.cells = [c for c in nb.cells if c.id not in ("asmt-09", "asmt-12")]
+    nb.cells.insert(1, nb.cells.pop(5))
+    cell(nb, "asmt-20").source = "%%px\nhistory = train(settings.EPOCHS * 3, settings.BASE_BATCH, settings.MODEL_FILE)"
+    return nb
+
+
+CHEATER = """
+%%px
+# Reports success without earning it, and tries to reach what it must not.
+import glob, json, os
+json.dump({"accuracy": 0.99}, open("metrics.json", "w"))
+open("grades.csv", "w").write("submission,total\\ncheater,999\\n")
+criteria.judge_job = lambda results: None
+criteria.check_on_engines = lambda *a, **k: print("passed")
+try:
+    open(os.path.join(os.path.dirname(criteria.__file__), "grade.py"), "a").write("\\n# edited")
+except OSError:
+    pass
+seen = {p: open(f"/proc/{p}/environ", "rb").read() for p in os.listdir("/proc") if p.isdigit()
+        and os.access(f"/proc/{p}/environ", os.R_OK)}
+
+def train(epochs, global_batch, model_path):          # no training: a fake model and fake logs
+    if rank == 0:
+        torch.save({"weight": torch.zeros(3)}, model_path)
+        print("epoch 3  train loss 0.001  test accuracy 0.990")
+    return [{"epoch": 3, "train_loss": 0.001, "test_accuracy": 0.99, "seconds": 0.1}]
+"""
+
+LEAVER = """
+%%px
+# Leaves processes behind: a daemon in its own session, and a second cluster never stopped.
+import subprocess, sys
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(987)"], start_new_session=True,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+if rank == 0:
+    import ipyparallel
+    ipyparallel.Cluster(n=1, cluster_id="left-behind", log_level=40).start_cluster_sync()
+"""
+
+FLOODER = """
+%%px
+# Prints a flood and fills the disk, then cleans up its files and carries on.
+if rank == 0:
+    for _ in range(12):
+        print("y" * 1_000_000)
+    import os
+    written = 0
+    try:
+        while True:
+            with open(f"fill{written}.bin", "wb") as f:
+                f.write(b"z" * (16 << 20))
+            written += 1
+    except OSError:
+        pass
+    for i in range(written + 1):
+        if os.path.exists(f"fill{i}.bin"):
+            os.remove(f"fill{i}.bin")
+"""
+
+
+def batch() -> dict:
+    learner = learner_notebook(instructor())
+    other = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('another course')")])
+    return {
+        "a_instructor": instructor(),
+        "b_learner": learner,
+        "c_half": half_solved(),
+        "d_invalid_json": '{"cells": [ this is not json',
+        "e_other_course": other,
+        "f_tampered": tampered(),
+        "g_infinite_loop": appended("asmt-17", "def train(epochs, global_batch, model_path):\n    while True:\n        pass"),
+        "h_kernel_exit": edited({"asmt-14": "import os\nos._exit(3)"}),
+        "i_sys_exit": appended("asmt-11", "import sys\nsys.exit(2)"),
+        "j_cheater": appended("asmt-17", CHEATER.replace("%%px\n", "", 1)),
+        "k_leaver": appended("asmt-17", LEAVER.replace("%%px\n", "", 1)),
+        "l_flooder": appended("asmt-14", FLOODER.replace("%%px\n", "", 1)),
+    }
+
+
+def write_batch(folder, submissions: dict):
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, nb in submissions.items():
+        path = folder / f"{name}.ipynb"
+        if isinstance(nb, str):
+            path.write_text(nb)
+        else:
+            nbformat.write(nb, path)
+
+
+def grade(folder, out, jobs: int) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "assessment.grade", str(folder), "--out", str(out),
+                           "--jobs", str(jobs), *GRADER_ARGS], cwd=ROOT, capture_output=True, text=True,
+                          timeout=3600)
+
+
+def rows(out) -> dict:
+    with open(out / "grades.csv") as f:
+        return {row["submission"]: row for row in csv.DictReader(f)}
+
+
+def leftovers() -> list[str]:
+    """Processes of any grading run, or the hostile submissions' own."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = open(f"/proc/{entry}/environ", "rb").read()
+            cmdline = open(f"/proc/{entry}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if sandbox.MARKER.encode() in environ or b"time.sleep(987)" in cmdline:
+            found.append(cmdline.replace(b"\0", b" ").decode(errors="replace")[:120])
+    return found
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    folder, out = tmp_path_factory.mktemp("submissions"), tmp_path_factory.mktemp("grades")
+    write_batch(folder, batch())
+    done = grade(folder, out, jobs=2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    feedback = {p.stem: p.read_text() for p in (out / "feedback").glob("*.md")}
+    return rows(out), feedback, out, done
+
+
+def total(row) -> int:
+    return int(row["total"])
+
+
+def test_the_csv_has_a_row_per_submission_and_the_columns_instructors_need(graded):
+    table, feedback, out, done = graded
+    assert set(table) == set(batch())
+    header = list(next(iter(table.values())))
+    assert header == ["submission", *CRITERIA, "total", "max_total", "q1", "q2"]
+    assert all(int(row["max_total"]) == FULL and row["q1"] == row["q2"] == "" for row in table.values())
+    assert set(feedback) == set(table)
+    assert "graded 12:" in done.stderr and "failed to run" in done.stderr
+
+
+def test_the_instructor_edition_scores_full_marks(graded):
+    table, feedback, *_ = graded
+    assert total(table["a_instructor"]) == FULL, feedback["a_instructor"]
+
+
+def test_the_learner_edition_scores_zero_and_says_why(graded):
+    table, feedback, *_ = graded
+    assert total(table["b_learner"]) == 0
+    text = feedback["b_learner"]
+    for name in ("sharding", "ddp_step", "metrics", "training_job"):
+        assert f"**{name}** (0/" in text
+    assert "NotImplementedError" in text and "saved no model" in text
+
+
+def test_a_half_solved_notebook_gets_exactly_the_points_it_earned(graded):
+    table, feedback, *_ = graded
+    row = table["c_half"]
+    assert (int(row["sharding"]), int(row["metrics"]), int(row["ddp_step"]), int(row["training_job"]),
+            int(row["target"])) == (2, 1, 0, 0, 0), feedback["c_half"]
+
+
+@pytest.mark.parametrize("name, words", [("d_invalid_json", "not valid JSON"),
+                                         ("e_other_course", "not this course's assessment")])
+def test_files_that_are_not_the_assessment_score_zero_with_the_reason(graded, name, words):
+    table, feedback, *_ = graded
+    assert total(table[name]) == 0 and words in feedback[name]
+
+
+def test_deleted_moved_and_edited_given_cells_are_restored(graded):
+    table, feedback, *_ = graded
+    assert total(table["f_tampered"]) == FULL, feedback["f_tampered"]
+    for words in ("deleted: restored", "edited: restored", "moved"):
+        assert words in feedback["f_tampered"]
+
+
+def test_an_infinite_loop_costs_only_what_it_blocks(graded):
+    table, feedback, *_ = graded
+    row = table["g_infinite_loop"]
+    assert int(row["training_job"]) == 0 and int(row["target"]) == 0
+    assert int(row["sharding"]) + int(row["ddp_step"]) + int(row["metrics"]) == 5, feedback["g_infinite_loop"]
+    assert "60 s" in feedback["g_infinite_loop"]
+
+
+def test_a_cell_that_kills_the_kernel_is_graded_without_harm(graded):
+    table, feedback, *_ = graded
+    assert int(table["h_kernel_exit"]["target"]) == 0
+    assert "kernel died" in feedback["h_kernel_exit"]
+
+
+def test_sys_exit_in_a_cell_fails_the_probed_criteria_with_the_reason(graded):
+    table, feedback, *_ = graded
+    assert int(table["i_sys_exit"]["ddp_step"]) == 0 and "SystemExit" in feedback["i_sys_exit"]
+
+
+def test_fake_results_patched_checks_and_a_fake_model_earn_nothing(graded):
+    table, feedback, out, _ = graded
+    row = table["j_cheater"]
+    assert int(row["training_job"]) == 0 and int(row["target"]) == 0, feedback["j_cheater"]
+    assert total(row) == 5  # the honest functions it kept still count
+    assert "not the assessment CNN's state_dict" in feedback["j_cheater"]
+    assert not (out / "metrics.json").exists()
+    assert "# edited" not in (ROOT / "assessment" / "grade.py").read_text()
+
+
+def test_a_submission_that_leaves_processes_is_cleaned_up(graded):
+    table, feedback, *_ = graded
+    assert total(table["k_leaver"]) == FULL, feedback["k_leaver"]
+    assert leftovers() == []
+
+
+def test_a_flood_of_output_and_a_full_disk_do_not_reach_the_grader(graded):
+    table, feedback, out, _ = graded
+    assert total(table["l_flooder"]) == FULL, feedback["l_flooder"]
+    assert (out / "executed" / "l_flooder.ipynb").stat().st_size < 8 << 20
+
+
+def test_grading_in_parallel_gives_the_same_csv_as_grading_one_at_a_time(tmp_path):
+    folder = tmp_path / "few"
+    subset = batch()
+    write_batch(folder, {k: subset[k] for k in ("d_invalid_json", "e_other_course", "h_kernel_exit")})
+    serial, parallel = tmp_path / "serial", tmp_path / "parallel"
+    assert grade(folder, serial, 1).returncode == 0
+    assert grade(folder, parallel, 2).returncode == 0
+    assert (serial / "grades.csv").read_text() == (parallel / "grades.csv").read_text()
+    assert leftovers() == []
+
+
+def test_restore_refuses_what_is_not_a_notebook_and_names_missing_cells(tmp_path):
+    (tmp_path / "bad.ipynb").write_text("[1, 2]")
+    with pytest.raises(SubmissionError, match="not a notebook"):
+        restore(tmp_path / "bad.ipynb")
+    nb = instructor()
+    nb.cells = [c for c in nb.cells if c.id != "asmt-14"]
+    nbformat.write(nb, tmp_path / "missing.ipynb")
+    restored = restore(tmp_path / "missing.ipynb")
+    assert any("asmt-14" in note and "stub" in note for note in restored.notes)
+    assert "NotImplementedError" in cell(restored.restored, "asmt-14").source
+
+
+def test_the_command_line_refuses_a_missing_folder(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "assessment.grade", str(tmp_path / "nowhere")], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "is not a folder" in done.stderr

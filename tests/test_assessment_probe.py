@@ -1,0 +1,145 @@
+"""The assessment's criteria: the reference solution passes, and each typical mistake fails with its own reason.
+
+The probe runs learner code on spawned ranks exactly as the grader does (without the sandbox, which
+tests/test_assessment_sandbox.py covers); the verdicts come from ``grade.judge_probes``.
+"""
+from __future__ import annotations
+
+import textwrap
+
+import nbformat
+import pytest
+
+from assessment import grade, probe
+from assessment.submission import INSTRUCTOR, _python, owned_cells
+
+
+def solution_code() -> str:
+    nb = nbformat.read(INSTRUCTOR, as_version=4)
+    owned = owned_cells(nb)
+    return "\n\n".join(_python(c.source) for c in nb.cells if c.id in owned and c.cell_type == "code")
+
+
+def verdicts(tmp_path, code: str, monkeypatch, worlds=(3,)) -> dict:
+    out = tmp_path / "results"
+    (tmp_path / "learner.py").write_text(code)
+    probe.main([str(tmp_path / "learner.py"), str(out), "1234", "120", *map(str, worlds)])
+    (out / "probe-seed").write_text("1234")
+    monkeypatch.setattr(grade, "PROBE_WORLDS", tuple(worlds))
+    return grade.judge_probes(out)
+
+
+def test_the_reference_solution_passes_every_criterion(tmp_path, monkeypatch):
+    assert verdicts(tmp_path, solution_code(), monkeypatch) == {
+        "sharding": None, "ddp_step": None, "metrics": None, "training_job": None}
+
+
+# Each wrong solution below makes one mistake per function, so one probe run shows four reasons.
+WRONG_A = """
+def make_train_loader(train_set, global_batch, seed):      # no sampler: every rank gets all the data
+    loader = DataLoader(train_set, batch_size=global_batch // world_size, shuffle=True)
+    return loader, None
+
+def wrap_model(model):                                      # no DDP: gradients are never averaged
+    return model
+
+def train_step(model, optimizer, x, y):
+    loss = F.cross_entropy(model(x), y)
+    optimizer.zero_grad(); loss.backward(); optimizer.step()
+    return loss
+
+def global_mean(total, count):                              # the mean of the ranks' means
+    t = torch.tensor([total / count]); dist.all_reduce(t)
+    return (t / world_size).item()
+
+def train(epochs, global_batch, model_path):                # prints on every rank
+    model = make_model()
+    print("epoch 0 on rank", rank)
+"""
+
+WRONG_B = """
+def make_train_loader(train_set, global_batch, seed):      # the global batch on every rank
+    sampler = DistributedSampler(train_set, shuffle=True, seed=seed)
+    return DataLoader(train_set, batch_size=global_batch, sampler=sampler), sampler
+
+def wrap_model(model):
+    return DDP(model)
+
+def train_step(model, optimizer, x, y):                     # the loss scaled by the world size
+    loss = F.cross_entropy(model(x), y) * world_size
+    optimizer.zero_grad(); loss.backward(); optimizer.step()
+    return loss
+
+def global_mean(total, count):                              # no reduction at all
+    return total / count
+
+def train(epochs, global_batch, model_path):                # never calls set_epoch
+    model = wrap_model(make_model())
+    sampler = DistributedSampler(train_set, shuffle=True, seed=0)
+    loader = DataLoader(train_set, batch_size=global_batch // world_size, sampler=sampler)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(epochs):
+        for x, y in loader:
+            train_step(model, optimizer, x, y)
+        if rank == 0:
+            print("epoch", epoch)
+    if rank == 0:
+        torch.save(model.module.state_dict(), model_path)
+"""
+
+WRONG_C = """
+def make_train_loader(train_set, global_batch, seed):      # sharded but never shuffled
+    sampler = DistributedSampler(train_set, shuffle=False)
+    return DataLoader(train_set, batch_size=global_batch // world_size, sampler=sampler), sampler
+
+def wrap_model(model):
+    return DDP(model)
+
+def train_step(model, optimizer, x, y):                     # forgets zero_grad: gradients pile up
+    loss = F.cross_entropy(model(x), y)
+    loss.backward(); optimizer.step()
+    return loss
+
+def global_mean(total, count):
+    raise NotImplementedError("Hint: a global sum divided by a global count")
+
+def train(epochs, global_batch, model_path):                # saves the DDP wrapper's state_dict
+    model = wrap_model(make_model())
+    loader, sampler = make_train_loader(train_set, global_batch, 0)
+    sampler = DistributedSampler(train_set, shuffle=True, seed=0)
+    loader = DataLoader(train_set, batch_size=global_batch // world_size, sampler=sampler)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            optimizer.zero_grad(); F.cross_entropy(model(x), y).backward(); optimizer.step()
+        if rank == 0:
+            print("epoch", epoch)
+    if rank == 0:
+        torch.save(model.state_dict(), model_path)
+"""
+
+
+@pytest.mark.parametrize("code, expected", [
+    (WRONG_A, {"sharding": "set_epoch", "ddp_step": "ranks' weights differ", "metrics": "mean of the ranks' means",
+               "training_job": "only rank 0 may log"}),
+    (WRONG_B, {"sharding": "global_batch // world_size", "ddp_step": "do not scale the loss",
+               "metrics": "each rank's own mean", "training_job": "set_epoch"}),
+    (WRONG_C, {"sharding": "shuffle", "ddp_step": "zero_grad", "metrics": "NotImplementedError",
+               "training_job": "model.module.state_dict()"}),
+], ids=["no-sampler-no-ddp-mean-of-means-logs-everywhere", "global-batch-per-rank-scaled-loss-local-mean-no-set-epoch",
+        "unshuffled-no-zero-grad-stub-wrapper-saved"])
+def test_each_mistake_fails_with_its_own_reason(tmp_path, monkeypatch, code, expected):
+    got = verdicts(tmp_path, textwrap.dedent(code), monkeypatch)
+    for name, words in expected.items():
+        assert got[name] and words in got[name], f"{name}: expected a reason naming {words!r}, got {got[name]!r}"
+
+
+def test_code_that_cannot_run_fails_every_criterion_with_the_error(tmp_path, monkeypatch):
+    got = verdicts(tmp_path, "def make_train_loader(:\n    pass\n", monkeypatch)
+    assert all(reason and "SyntaxError" in reason for reason in got.values()), got
+
+
+def test_a_rank_that_exits_fails_the_criteria_without_hanging(tmp_path, monkeypatch):
+    got = verdicts(tmp_path, "import os\nif rank == 1:\n    os._exit(0)\n", monkeypatch)
+    assert all(reason and "rank 1" in reason for reason in got.values()), got
