@@ -8,13 +8,16 @@ STAMP := $(VENV)/.installed
 WORKSPACE ?= workspace
 LAB_ARGS ?=
 PYTEST_ARGS ?=
+SUBMISSIONS ?=
+JOBS ?= 1
 
-.PHONY: help venv lab test release course slides
+.PHONY: help venv lab test release course grade slides
 
 help:
 	@echo "make lab      open JupyterLab on your own copy of the labs in $(WORKSPACE)/"
 	@echo "make test     run the whole test suite (every notebook in quick mode)"
 	@echo "make release  write the learner edition to build/release/"
+	@echo "make grade SUBMISSIONS=folder [JOBS=2]  grade assessment notebooks into build/grades/"
 	@echo "make course   execute every lab and the assessment (full mode; COURSE_QUICK=1 for quick) into"
 	@echo "              build/course/: executed notebooks, HTML pages and index.html, the course map"
 	@echo "make slides   build every deck in slides/ into build/slides/ (reveal.js HTML and PDF, offline)"
@@ -46,3 +49,7 @@ course: $(STAMP) slides
 # PDFs from headless Chromium; the build says what to install when either is missing.
 slides: $(STAMP)
 	$(BIN)/python -m slides.build --out build/slides
+
+grade: $(STAMP)
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=folder-of-notebooks [JOBS=2]"; exit 2; }
+	$(BIN)/python -m assessment.grade "$(SUBMISSIONS)" --jobs $(JOBS) --out build/grades
