@@ -309,6 +309,10 @@ def test_reduction_wrong(workers, wrong, needles):
     fails(lab03.check_matmul_by_reduction, workers, wrong, *needles)
 
 
+def test_two_ranks_are_flagged_as_too_few():
+    assert "3 or more" in lab03._few_ranks(2) and lab03._few_ranks(3) == ""
+
+
 def test_reduction_message_shows_the_wrong_row_not_the_first():
     import torch
 
@@ -322,11 +326,12 @@ def test_reduction_message_shows_the_wrong_row_not_the_first():
 # --- 3.3 ring all-reduce ------------------------------------------------------------------------
 
 def _ring(reversed_ring=False, whole_tensor=False, all_gather=True, floor_chunks=False, in_place=True,
-          direct=False, blocking=False, batched=False):
+          direct=False, blocking=False, batched=False, gather_forwards=False):
     # @interactive functions see the engines' globals and take no closure: the settings are defaults
     @interactive
     def ring(tensor, reversed_ring=reversed_ring, whole_tensor=whole_tensor, all_gather=all_gather,
-             floor_chunks=floor_chunks, in_place=in_place, direct=direct, blocking=blocking, batched=batched):
+             floor_chunks=floor_chunks, in_place=in_place, direct=direct, blocking=blocking, batched=batched,
+             gather_forwards=gather_forwards):
         rank, p = dist.get_rank(), dist.get_world_size()
         right, left = ((rank - 1) % p, (rank + 1) % p) if reversed_ring else ((rank + 1) % p, (rank - 1) % p)
         flat = tensor.view(-1) if in_place else tensor.clone().view(-1)
@@ -392,6 +397,10 @@ def _ring(reversed_ring=False, whole_tensor=False, all_gather=True, floor_chunks
             mine += arrived
         if all_gather:
             for s in range(p - 1):
+                if gather_forwards:  # chunk indices that count up: the same as counting down at 2 ranks only
+                    mine, arrived = exchange((rank + 1 + s) % p, (rank + s) % p)
+                    mine.copy_(arrived)
+                    continue
                 mine, arrived = exchange((rank + 1 - s) % p, (rank - s) % p)
                 mine.copy_(arrived)
         return tensor if in_place else flat.view_as(tensor)
@@ -422,6 +431,7 @@ def test_ring_right(workers, right, capsys):
     (_ring(direct=True), ("sends only to its right neighbour",)),
     (_ring(whole_tensor=True), ("send one chunk per step",)),
     (_ring(all_gather=False), ("all-gather phase", "is missing or wrong")),
+    (_ring(gather_forwards=True), ("got a wrong sum", "element")),
     (_ring(floor_chunks=True), ("wrong sum", "uneven chunks")),
     (_ring(in_place=False), ("but left `tensor` unchanged",)),
     (ring_with_all_reduce, ("called dist.all_reduce", "point-to-point")),
