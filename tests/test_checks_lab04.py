@@ -543,6 +543,83 @@ def test_checks_need_the_running_cluster(workers):
     assert "cluster.start" in message
 
 
+# --- 4.5 predict_comm (no cluster: a plain function) ---------------------------------------
+
+def predict_comm(grad_bytes, k, alpha, beta):
+    from utils.scaling import ddp_bucket_bytes
+
+    buckets = ddp_bucket_bytes(grad_bytes)
+    return len(buckets), 1e3 * sum(2 * (k - 1) * alpha + 2 * (k - 1) / k * n * beta for n in buckets)
+
+
+def predict_in_seconds(grad_bytes, k, alpha, beta):
+    count, ms = predict_comm(grad_bytes, k, alpha, beta)
+    return count, ms / 1e3
+
+
+def predict_one_all_reduce(grad_bytes, k, alpha, beta):
+    from utils.scaling import ddp_bucket_bytes
+
+    n = sum(grad_bytes)
+    return len(ddp_bucket_bytes(grad_bytes)), 1e3 * (2 * (k - 1) * alpha + 2 * (k - 1) / k * n * beta) if n else 0.0
+
+
+def predict_half_ring(grad_bytes, k, alpha, beta):
+    from utils.scaling import ddp_bucket_bytes
+
+    buckets = ddp_bucket_bytes(grad_bytes)
+    return len(buckets), 1e3 * sum((k - 1) * alpha + (k - 1) / k * n * beta for n in buckets)
+
+
+def predict_alpha_once(grad_bytes, k, alpha, beta):
+    from utils.scaling import ddp_bucket_bytes
+
+    buckets = ddp_bucket_bytes(grad_bytes)
+    return len(buckets), 1e3 * sum(alpha + 2 * (k - 1) / k * n * beta for n in buckets)
+
+
+def predict_whole_message_per_step(grad_bytes, k, alpha, beta):
+    from utils.scaling import ddp_bucket_bytes
+
+    buckets = ddp_bucket_bytes(grad_bytes)
+    return len(buckets), 1e3 * sum(2 * (k - 1) * alpha + n * beta for n in buckets)
+
+
+def predict_bucket_per_gradient(grad_bytes, k, alpha, beta):
+    return len(grad_bytes), 1e3 * sum(2 * (k - 1) * alpha + 2 * (k - 1) / k * n * beta for n in grad_bytes)
+
+
+def predict_with_the_library(grad_bytes, k, alpha, beta):
+    from utils.scaling import ddp_bucket_bytes, predicted_comm_seconds
+
+    return len(ddp_bucket_bytes(grad_bytes)), 1e3 * predicted_comm_seconds(grad_bytes, k, alpha, beta)
+
+
+def test_predict_comm_right(capsys):
+    lab04.check_predict_comm(predict_comm)
+    assert "\u2713 Exercise 4.5 (predict_comm): passed" in capsys.readouterr().out
+
+
+def test_predict_comm_stub():
+    with pytest.raises(NotSolved):
+        lab04.check_predict_comm(stub)
+
+
+@pytest.mark.parametrize("wrong, fix", [
+    (predict_in_seconds, "return milliseconds"),
+    (predict_one_all_reduce, "each pays the latency alpha again"),
+    (predict_half_ring, "half of the ring"),
+    (predict_alpha_once, "alpha is paid at each of the ring's 2(p-1) steps"),
+    (predict_whole_message_per_step, "2(p-1)/p n beta"),
+    (predict_bucket_per_gradient, "one per gradient is what DDP avoids"),
+    (predict_with_the_library, "called the library's prediction"),
+])
+def test_predict_comm_wrong(wrong, fix):
+    message = fails(lab04.check_predict_comm, wrong, Incorrect)
+    assert message.startswith("Exercise 4.5 (predict_comm): ")
+    assert fix in message
+
+
 # --- hints -----------------------------------------------------------------------------------
 
 def test_step_by_step_hints_are_shown_on_demand_and_absent_from_the_learner_edition(capsys):

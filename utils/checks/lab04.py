@@ -57,6 +57,12 @@ save_checkpoint(ddp_model, optimizer, path):
 load_checkpoint(ddp_model, optimizer, path):
 1. state = torch.load(path, map_location=device) on every rank;
 2. ddp_model.module.load_state_dict(state["model"]); optimizer.load_state_dict(state["optimizer"]).""",
+    "4.5": """Step by step:
+1. buckets = ddp_bucket_bytes(grad_bytes): DDP's buckets, in bytes (utils.scaling; lab 06 has you write it).
+2. For each bucket of n bytes, lab 03's ring on k ranks takes 2(k-1) alpha + 2(k-1)/k n beta seconds:
+   2(k-1) steps, each paying the latency alpha and moving n/k bytes at beta seconds per byte.
+3. Nothing overlaps in this prediction: add the buckets' times, and multiply by 1000 for milliseconds.
+4. return len(buckets), total_ms  (on k = 1 the formula gives 0: one rank sends nothing).""",
 }
 
 
@@ -597,3 +603,76 @@ def check_checkpoint(workers, save_checkpoint, load_checkpoint, delay_s: float =
           f"disk made {delay_s:g} s slow, an older checkpoint at the same path), plain keys, map_location, model "
           f"and momentum restored on every rank")
     _warn_few_ranks(workers)
+
+
+# --- Exercise 4.5: predict a step's all-reduce ---------------------------------------------
+
+
+_PREDICTION_CASES = [
+    # (gradient bytes, last layer first; k; alpha in s; beta in s/byte)
+    ([4000, 40000, 16000], 3, 7.3e-4, 3.1e-10),                        # lab 04's MNIST-1D MLP: one bucket
+    ([2 ** 19, 2 ** 19, 3 * 2 ** 20, 2 ** 21, 4 * 10 ** 6, 36], 3, 2.9e-5, 1.7e-9),   # several buckets
+    ([2 ** 20, 26 * 2 ** 20, 100, 5 * 2 ** 20], 5, 1.3e-5, 4.1e-10),   # a bucket closed past its limit
+    ([32768, 262144, 262144, 1048576], 1, 5e-4, 1e-9),                  # one rank: nothing to send
+    ([], 4, 1e-4, 1e-9),                                                # nothing to all-reduce
+]
+
+
+def _ring_ms(n_bytes: float, k: int, alpha: float, beta: float) -> float:
+    return 1e3 * (2 * (k - 1) * alpha + 2 * (k - 1) / k * n_bytes * beta)
+
+
+def _diagnose_prediction(got_ms: float, want_ms: float, buckets: list[int], k: int, alpha: float, beta: float) -> str:
+    total = sum(buckets)
+    known = [
+        (1e-3 * want_ms, "that is the prediction in seconds: return milliseconds"),
+        (_ring_ms(total, k, alpha, beta) if buckets else 0.0,
+         f"that is one all-reduce of all {total:,} bytes at once: DDP all-reduces each of its {len(buckets)} "
+         f"buckets separately, and each pays the latency alpha again"),
+        (sum(1e3 * ((k - 1) * alpha + (k - 1) / k * n * beta) for n in buckets),
+         "that is half of the ring: an all-reduce is a reduce-scatter and an all-gather, 2(p-1) steps of n/p bytes"),
+        (sum(1e3 * (alpha + 2 * (k - 1) / k * n * beta) for n in buckets),
+         "alpha is paid at each of the ring's 2(p-1) steps, not once per all-reduce"),
+        (sum(1e3 * (2 * (k - 1) * alpha + n * beta) for n in buckets),
+         "each of the ring's 2(p-1) steps sends n/p bytes: the bytes term is 2(p-1)/p n beta"),
+    ]
+    for value, message in known:
+        if math.isclose(got_ms, value, rel_tol=1e-6) and not math.isclose(value, want_ms, rel_tol=1e-6):
+            return message
+    return "add up lab 03's 2(p-1) alpha + 2(p-1)/p n beta over DDP's buckets, in milliseconds"
+
+
+def check_predict_comm(predict_comm) -> None:
+    """Exercise 4.5: ``predict_comm(grad_bytes, k, alpha, beta)`` returns ``(number of buckets, ms)``: DDP's
+    buckets for these gradients and the ring all-reduce time of all of them on k ranks, nothing overlapped."""
+    from ..scaling import ddp_bucket_bytes
+
+    name = "Exercise 4.5 (predict_comm)"
+    with exercise(name):
+        expect(callable(predict_comm), f"{name}: pass your function itself, got a {type(predict_comm).__name__}")
+        for grad_bytes, k, alpha, beta in _PREDICTION_CASES:
+            buckets = ddp_bucket_bytes(grad_bytes)
+            want_ms = sum(_ring_ms(n, k, alpha, beta) for n in buckets) if k > 1 else 0.0
+            call = f"predict_comm({grad_bytes}, k={k}, alpha={alpha:g}, beta={beta:g})"
+            with _calls_into("utils/scaling.py", "utils/ddp_costs.py") as library:
+                answer = predict_comm(list(grad_bytes), k, alpha, beta)
+            copied = [f for f in library if f in ("predicted_comm_seconds", "predict")]
+            expect(not copied, f"{name}: {call} called the library's prediction ({copied[0] if copied else ''}): "
+                               f"ddp_bucket_bytes is yours to use, the time is yours to compute")
+            expect(isinstance(answer, tuple) and len(answer) == 2,
+                   f"{name}: {call} returned {answer!r}; return a pair (number of buckets, milliseconds)")
+            n_buckets, got_ms = answer
+            expect(n_buckets == len(buckets),
+                   f"{name}: {call} counted {n_buckets} bucket(s), DDP makes {len(buckets)} of {buckets} bytes: "
+                   + ("one per gradient is what DDP avoids (buckets gather many gradients, 1 MiB first, then "
+                      "25 MiB); use utils.scaling.ddp_bucket_bytes" if n_buckets == len(grad_bytes) else
+                      "use utils.scaling.ddp_bucket_bytes(grad_bytes)"))
+            try:
+                got_ms = float(got_ms)
+            except (TypeError, ValueError):
+                expect(False, f"{name}: {call} returned {got_ms!r} as the time; return a number of milliseconds")
+            expect(math.isclose(got_ms, want_ms, rel_tol=1e-9, abs_tol=1e-12),
+                   f"{name}: {call} predicted {got_ms:.6g} ms, expected {want_ms:.6g} ms: "
+                   f"{_diagnose_prediction(got_ms, want_ms, buckets, k, alpha, beta)}")
+    print(f"  checked on {len(_PREDICTION_CASES)} cases: 0 to {max(len(ddp_bucket_bytes(c[0])) for c in _PREDICTION_CASES)} "
+          f"buckets, k = {sorted({c[1] for c in _PREDICTION_CASES})}")
