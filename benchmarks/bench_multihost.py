@@ -9,13 +9,15 @@ Placements, 2 ranks each, one torch thread per rank:
     machine's), so only the rate, beta of the alpha-beta model, is shaped.
 
 Each rank runs ``utils.collectives.sweep`` (a barrier before each timed call; the slowest rank's
-median), message sizes 4 KiB .. ``--max-bytes``; then ``fit_alpha_beta`` fits the ring's model
-t = 2(p-1) alpha + 2(p-1)/p n beta per placement. A veth is not a real network: both ends are
+median), message sizes 4 KiB .. ``--max-bytes``. The placements run one after another, ``--rounds``
+times, the order reversed every round so that a slow spell of a shared machine does not hit one
+placement only; a placement's time at a size is the median over its rounds. Then
+``fit_alpha_beta`` fits the ring's model t = 2(p-1) alpha + 2(p-1)/p n beta per placement. A veth is not a real network: both ends are
 in one kernel and no NIC, wire or switch is involved, so "two hosts" measures the extra TCP
 path, and the shaped rows show how a slower link moves beta. Needs root, iproute2 and OpenSSH.
 
     .venv/bin/python benchmarks/bench_multihost.py [--rates 1gbit 100mbit] [--max-bytes N]
-        [--repeats R] [--json PATH]
+        [--repeats R] [--rounds N] [--json PATH]
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import argparse
 import datetime
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -96,13 +99,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rates", nargs="*", default=["1gbit", "100mbit"], help="veth rates to shape (tc units)")
     parser.add_argument("--max-bytes", type=int, default=4 * MIB)
-    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=10, help="timed calls per size and run")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of every placement, alternating order")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
     import machine as machine_info
     import netns
-    from utils.collectives import fit_alpha_beta
+    from utils.collectives import bus_bandwidth, fit_alpha_beta
 
     reason = netns.unavailable()
     if reason:
@@ -115,20 +119,30 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="pdlmh-bench-") as tmp, netns.two_hosts(Path(tmp)) as hosts:
         plan = [("one host", [0, 0], None), ("two hosts", [0, 1], None)] + [
             (f"two hosts, {rate}", [0, 1], rate) for rate in args.rates]
-        for port, (name, on, rate) in enumerate(plan, start=29500):
-            for host in hosts:
-                host.limit_rate(rate)
-            rows = run_placement(hosts, on, sizes, args.repeats, Path(tmp), port)
-            alpha, beta = fit_alpha_beta([r["n_bytes"] for r in rows], [r["seconds"] for r in rows], world_size=2)
+        runs = {name: [] for name, _, _ in plan}
+        port = 29500
+        for round_ in range(args.rounds):
+            for name, on, rate in (plan if round_ % 2 == 0 else plan[::-1]):
+                for host in hosts:
+                    host.limit_rate(rate)
+                runs[name].append(run_placement(hosts, on, sizes, args.repeats, Path(tmp), port))
+                port += 1
+                print(f"  round {round_ + 1}: {name} done ({time.perf_counter() - started:.0f} s)", flush=True)
+        for name, on, rate in plan:
+            rows = []
+            for i, n_bytes in enumerate(sizes):
+                seconds = statistics.median(run[i]["seconds"] for run in runs[name])
+                rows.append(dict(n_bytes=n_bytes, seconds=seconds, busbw=bus_bandwidth(n_bytes, seconds, 2),
+                                 rounds=[run[i]["seconds"] for run in runs[name]]))
+            alpha, beta = fit_alpha_beta(sizes, [r["seconds"] for r in rows], world_size=2)
             placements[name] = dict(hosts=on, rate=rate, rows=rows, alpha_s=alpha, beta_s_per_byte=beta)
-            print(f"  {name} done ({time.perf_counter() - started:.0f} s)", flush=True)
     info["load_average_after"] = [round(v, 2) for v in os.getloadavg()]
     print()
     print(markdown(placements))
     print(f"\nLoad average after: {info['load_average_after']}; total {time.perf_counter() - started:.0f} s")
     if args.json:
         args.json.write_text(json.dumps(dict(machine=info, date=datetime.date.today().isoformat(),
-                                             repeats=args.repeats, placements=placements,
+                                             repeats=args.repeats, rounds=args.rounds, placements=placements,
                                              seconds=time.perf_counter() - started), indent=2) + "\n")
 
 
