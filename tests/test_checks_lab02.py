@@ -344,6 +344,10 @@ def test_time_ms_stub():
     assert message.startswith("Exercise 2.2 (time_ms) is not solved yet")
     assert message.endswith("\n  Hint: call fn() once to warm up")
 
+    def hint_names_cuda(fn, device, repeats=10):  # NotImplementedError is a RuntimeError: not blamed on CUDA
+        raise NotImplementedError("Hint: see torch.cuda.Event")
+    assert fails(lab02.check_time_ms, hint_names_cuda, NotSolved).endswith("\n  Hint: see torch.cuda.Event")
+
 
 def test_time_ms_seconds():
     message = fails(lab02.check_time_ms, lambda fn, device, repeats: time_ms(fn, device, repeats, scale=1), Incorrect)
