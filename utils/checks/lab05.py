@@ -169,7 +169,7 @@ def _announce(log, op: int, numel: int, dtype: torch.dtype | None, problem: int 
     rows = rows.view(-1, 4).tolist()
     log["count"] += 1
     for rank, row in enumerate(rows):
-        where = f"rank {rank}'s all_reduce number {log['count']} of the step"
+        where = f"rank {rank}, in its collective number {log['count']} of a step,"
         if row[3] == 1:
             raise _Wrong(f"{where} reduces a tensor on another device than the gradients ({log['device']}): "
                          f"allocate buffers with device=param.device. (The check builds your wrapper with torch's "
