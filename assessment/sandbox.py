@@ -87,7 +87,7 @@ def run(command: list[str], workdir: Path, keep: list[str], outdir: Path, limits
     start = time.monotonic()
     process = subprocess.Popen(launcher, cwd=REPO, start_new_session=True, stdin=subprocess.DEVNULL,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               env={**os.environ, MARKER: token})
+                               env={**os.environ, MARKER: token}, preexec_fn=_die_with_parent)
     try:
         process.wait(limits.wall_s + 60)  # the init enforces wall_s itself; this is the backstop
     except subprocess.TimeoutExpired:
@@ -99,6 +99,15 @@ def run(command: list[str], workdir: Path, keep: list[str], outdir: Path, limits
     status = json.loads(status_file.read_text()) if status_file.exists() else {}
     status_file.unlink(missing_ok=True)
     return Result(status.get("returncode"), status.get("timed_out", True), time.monotonic() - start, mode)
+
+
+def _die_with_parent() -> None:
+    """If the grader is killed, its sandboxes go too (``unshare --kill-child`` then ends the rest)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the sweep at the end of each run still applies
 
 
 def _kill_group(pgid: int) -> None:
