@@ -162,3 +162,31 @@ def test_pdf_has_one_page_per_slide(built):
         info = subprocess.run(["pdfinfo", str(deck["pdf"])], capture_output=True, text=True, check=True).stdout
         pages = int(re.search(r"^Pages:\s+(\d+)", info, re.MULTILINE).group(1))
         assert pages == deck["slides"], f"{deck['pdf'].name}: {pages} pages for {deck['slides']} slides"
+
+
+# The computations behind the decks' figures (utils.plotting).
+
+@pytest.mark.parametrize("p", [2, 3, 4, 5])
+def test_ring_allreduce_diagram_ends_with_every_chunk_complete_on_every_rank(p):
+    from utils.plotting import ring_allreduce_states
+
+    steps = ring_allreduce_states(p)
+    assert len(steps) == 1 + 2 * (p - 1)
+    for phase, sends, state in steps[1:]:
+        assert sorted(rank for rank, _ in sends) == list(range(p)), "each rank sends one chunk per step"
+    after_reduce_scatter = steps[p - 1][2]
+    assert all(sum(len(cell) == p for cell in row) == 1 for row in after_reduce_scatter), \
+        "after reduce-scatter each rank owns exactly one complete chunk"
+    assert all(cell == set(range(p)) for row in steps[-1][2] for cell in row)
+
+
+def test_alpha_beta_fit_and_predicted_speedup():
+    from utils.plotting import fit_alpha_beta, predicted_speedup
+
+    sizes = [2 ** k for k in range(10, 27, 2)]
+    alpha, beta = fit_alpha_beta(sizes, [50e-6 + n / 2e9 for n in sizes])
+    assert alpha == pytest.approx(50e-6, rel=1e-6) and beta == pytest.approx(1 / 2e9, rel=1e-6)
+    speedup = predicted_speedup([1, 2, 8], compute_s=0.01, grad_bytes=4e6, alpha=alpha, beta=beta)
+    assert speedup[0] == pytest.approx(1.0)
+    assert speedup[1] == pytest.approx(2 * 0.01 / (0.01 + 2 * alpha + 4e6 * beta))
+    assert 1 < speedup[1] < speedup[2] < 8
