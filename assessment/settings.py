@@ -15,7 +15,7 @@ GLOBAL_BATCH = SCALE * BASE_BATCH
 EPOCHS = 4
 TRAIN_SIZE = config.pick(quick=2400, full=9600)   # shapes images for training (lab 06's offline set)
 TEST_SIZE = config.pick(quick=600, full=2400)
-TARGET = config.pick(quick=0.25, full=0.75)       # held-out accuracy the saved model must reach
+TARGET = config.pick(quick=0.25, full=0.70)       # held-out accuracy the saved model must reach
 # Quick mode (the test suite) trains 76 steps: its target only tells a trained model from an untrained one.
 EVAL_SIZE = 2000                 # fresh held-out images the grader draws for every submission
 MODEL_FILE = "assessment_model.pt"

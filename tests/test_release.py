@@ -15,8 +15,7 @@ def test_solution_becomes_stub_with_hint_and_indentation():
     source = ("def f(x):\n    # Hint: square it\n    ### BEGIN SOLUTION\n    y = x * x\n    return y\n"
               "    ### END SOLUTION\n\nprint(f)")
     learner = release.learner_source(source)
-    assert learner == ("def f(x):\n    # Hint: square it\n    raise NotImplementedError('Hint: square it')\n"
-                       "\nprint(f)")
+    assert learner == "def f(x):\n    raise NotImplementedError('Hint: square it')\n\nprint(f)"
 
 
 def test_stub_without_hint_and_hidden_tests_vanish():

@@ -3,7 +3,7 @@
 The notebooks in labs/ and assessment/ are the single source. In a code cell, the lines
 between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` (nbgrader's markers) become
 ``raise NotImplementedError("<hint>")``, where the hint is the nearest ``# Hint:`` comment
-above the block; lines between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS``
+above the block (a comment right above the block is then dropped, so the hint shows once); lines between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS``
 vanish. In a markdown cell a solution block becomes "YOUR ANSWER HERE".
 
     python -m utils.release --out build/release     # write the learner edition
@@ -54,6 +54,8 @@ def _strip_blocks(lines: list[str], begin: str, end: str, replace, where: str) -
 def _code_stub(begin_line: str, lines_before: list[str]) -> list[str]:
     indent = begin_line[: len(begin_line) - len(begin_line.lstrip())]
     hint = next((m.group(1).strip() for line in reversed(lines_before) if (m := _HINT.match(line))), "")
+    if lines_before and _HINT.match(lines_before[-1]):
+        lines_before.pop()  # the stub's message carries the hint: the learner reads it once, not twice
     message = f"Hint: {hint}" if hint else "write your solution here"
     return [f"{indent}raise NotImplementedError({message!r})"]
 
