@@ -29,7 +29,8 @@ INSTALL_HINT = ("install Chromium: `sudo apt-get install chromium` (Debian/Ubunt
 def find_chromium() -> str | None:
     """The Chromium (or Chrome) executable: $CHROMIUM, else the first candidate found."""
     if os.environ.get("CHROMIUM"):
-        return os.environ["CHROMIUM"]
+        chosen = shutil.which(os.environ["CHROMIUM"])
+        return chosen if chosen and os.access(chosen, os.X_OK) else None
     for name in CANDIDATES:
         found = shutil.which(name) or (name if os.access(name, os.X_OK) else None)
         if found:
