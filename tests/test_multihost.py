@@ -21,7 +21,7 @@ import torch
 import netns
 from utils import export
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = pytest.mark.timeout(600)
 
 HERE = Path(__file__).resolve().parent
 NOTEBOOK = HERE / "multihost_notebook.py"
@@ -52,7 +52,7 @@ def _settings(hosts, **extra) -> str:
                            scp_args=hosts.scp_args, **extra))
 
 
-def _notebook(hosts, scenario: str, timeout: float = 300, **settings) -> dict:
+def _notebook(hosts, scenario: str, timeout: float = 420, **settings) -> dict:
     """Run the notebook's side on host 1; its report, or a failure with its output and the sshd logs."""
     done = hosts[0].run(sys.executable, str(NOTEBOOK), scenario, _settings(hosts, **settings), timeout=timeout)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
