@@ -33,7 +33,7 @@ def _project_kernel_manager():
     the course's environment and run the labs with another Python and other packages.
     """
     from ipykernel.kernelspec import RESOURCES, get_kernel_dict
-    from jupyter_client import KernelManager
+    from jupyter_client.manager import AsyncKernelManager
     from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 
     class ProjectKernelSpecs(KernelSpecManager):
@@ -49,7 +49,9 @@ def _project_kernel_manager():
         runtime = Path(jupyter_runtime_dir())
         runtime.mkdir(parents=True, exist_ok=True)
         settings = {"transport": "ipc", "ip": str(runtime / f"course-{uuid.uuid4().hex[:12]}")}
-    return KernelManager(kernel_name="python3", kernel_spec_manager=ProjectKernelSpecs(), **settings)
+    # The asynchronous manager, as nbclient's own default: with a blocking client, waiting for a
+    # cell's output blocks the event loop, and a cell that never ends is never timed out.
+    return AsyncKernelManager(kernel_name="python3", kernel_spec_manager=ProjectKernelSpecs(), **settings)
 
 
 def execute(path: Path, *, quick: bool | None = None, cell_timeout: int = 900,
