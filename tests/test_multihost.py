@@ -186,3 +186,40 @@ def test_torchrun_across_two_hosts_matches_one_host(hosts, tmp_path):
     for name in across:
         torch.testing.assert_close(across[name], alone[name], rtol=0, atol=1e-6,
                                    msg=lambda text, name=name: f"{name}: two hosts and one host differ: {text}")
+
+
+def test_sweep_removes_what_a_killed_run_left():
+    """A run killed without its teardown leaves a namespace with processes in it: the sweep ends them."""
+    leftover = f"{netns.PREFIX}-h9"
+    with netns.exclusive():
+        subprocess.run(["ip", "netns", "add", leftover], check=True, capture_output=True, timeout=30)
+        os.makedirs(f"/etc/netns/{leftover}", exist_ok=True)
+        sleeper = subprocess.Popen(["ip", "netns", "exec", leftover, "sleep", "600"], start_new_session=True)
+        try:
+            deadline = time.monotonic() + 30
+            while netns.pids_in(leftover) != [sleeper.pid] and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert netns.pids_in(leftover) == [sleeper.pid]
+            assert netns.sweep() == [leftover]
+            sleeper.wait(timeout=30)  # the sweep killed it (and, as its parent's, reaped it)
+            assert not os.path.exists(f"/proc/{sleeper.pid}"), "the sweep kills what runs in the namespace"
+            assert leftover not in netns.namespaces() and not os.path.exists(f"/etc/netns/{leftover}")
+        finally:
+            sleeper.kill()
+            sleeper.wait()
+            netns.sweep()
+
+
+def test_hosts_are_removed_when_a_test_fails(tmp_path):
+    class Failed(Exception):
+        pass
+
+    with pytest.raises(Failed):
+        with netns.two_hosts(tmp_path) as hosts:
+            sshds = [host.sshd for host in hosts]
+            job = hosts[1].popen("sleep", "600")  # an engine, say, still running on host 2
+            raise Failed()
+    assert netns.namespaces() == []
+    assert all(sshd.poll() is not None for sshd in sshds), "every sshd stopped"
+    assert job.wait(timeout=30) is not None
+    assert not list(Path("/etc/netns").glob(netns.PREFIX + "-*"))
