@@ -103,7 +103,9 @@ def judge_probes(out: Path) -> dict[str, str | None]:
             if isinstance(results, str):
                 verdicts[name] = results
                 continue
-            mine = [r.get(name, {"error": "not reached"}) for r in results]
+            unfinished = {"error": "your code did not finish this check within the time limit: a loop that never ends, "
+                                   "or a collective that not every rank reaches"}
+            mine = [r.get(name, unfinished) for r in results]
             errors = [m["error"] for m in mine if isinstance(m, dict) and "error" in m]
             if errors:
                 verdicts[name] = f"on {world} ranks {errors[0]}"
