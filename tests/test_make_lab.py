@@ -27,7 +27,7 @@ def _get(url: str):
 def test_make_lab_serves_the_workspace_and_keeps_learner_files(tmp_path):
     workspace = tmp_path / "workspace"
     (workspace / "labs").mkdir(parents=True)
-    first = release.source_notebooks()[0].relative_to(ROOT)
+    first = next(p for p in release.source_notebooks() if p.parent.name == "labs").relative_to(ROOT)
     (workspace / first).write_text("{}")  # a learner's file: must survive `make lab`
     port, token = _free_port(), "course-test-token"
     args = f"--no-browser --ip=127.0.0.1 --port={port} --IdentityProvider.token={token}"
