@@ -49,5 +49,7 @@ def test_runs_in_quick_mode_and_passes_every_check(path, tmp_path):
     result, nb = run_notebook(path, tmp_path)
     assert result.returncode == 0, f"{path.name} failed in quick mode:\n{result.stderr}\n{result.stdout}"
     for _, check in exercise_cells(nb):
-        printed = "".join(o.get("text", "") for o in nb.cells[check].outputs if o.output_type == "stream")
+        # %%px cells show each engine's output as display data ("[stdout:N] ..."), the kernel's as a stream
+        printed = "".join(o.get("text", "") if o.output_type == "stream" else o.get("data", {}).get("text/plain", "")
+                          for o in nb.cells[check].outputs if o.output_type in ("stream", "display_data"))
         assert "passed" in printed, f"{path.name}: check cell {check} did not report a pass:\n{printed}"
