@@ -396,6 +396,18 @@ def test_time_ms_without_synchronisation_is_caught_without_a_gpu():
 
 
 @needs_simulation
+def test_time_ms_launch_only_time_that_looks_like_seconds():
+    # On a loaded machine the launches alone can take about 0.02 ms: the number a 20 ms call gives in seconds.
+    def launches_only(fn, device, repeats):
+        if device.type != "cuda":
+            return time_ms(fn, device, repeats)
+        time_ms(fn, device, repeats, sync_before=False, sync_after=False)
+        return 0.0201
+    message = fails(lab02.check_time_ms, launches_only, Incorrect)
+    assert "your clock stopped before the device finished" in message, message
+
+
+@needs_simulation
 def test_time_ms_without_synchronisation_before_the_clock():
     message = fails(lab02.check_time_ms, lambda fn, device, repeats: time_ms(fn, device, repeats, sync_before=False),
                     Incorrect)

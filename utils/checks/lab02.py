@@ -393,6 +393,8 @@ def _check_timer(time_ms, device: torch.device, gpu: _SimulatedGPU | None) -> No
     where = "on a simulated GPU (this machine has none; fn queues its work and returns at once, " \
             "as a CUDA launch does)" if gpu else f"on {device.type}"
     result = time_ms(fn, device, repeats)
+    # Work still queued when time_ms returned means its clock stopped before the device finished.
+    unfinished = gpu is not None and bool(calls) and calls[-1]["done"] is None
     if gpu is not None:
         gpu.synchronize()  # the work of every call has finished: its times are known
     expect(result is not None, "time_ms returned None: return the mean time of one call, in milliseconds")
@@ -412,6 +414,11 @@ def _check_timer(time_ms, device: torch.device, gpu: _SimulatedGPU | None) -> No
     right = (timed[-1]["done"] - max(timed[0]["start"], warm_up_done)) * 1e3 / repeats
     if abs(result / right - 1) <= 0.1:
         return
+    stopped_early = (f"{where}, calls whose work takes {work_ms} ms took {result:.3f} ms by your measure: your clock "
+                     f"stopped before the device finished (you measured the launches only). Synchronise "
+                     f"(sync(device)) before reading the clock at the end, or time with torch.cuda.Event")
+    # Checked before the units: a launch-only time can be close to the right time in seconds.
+    expect(not unfinished, stopped_early)
     expect(not abs(result / (right / 1e3) - 1) <= 0.1,
            f"{where}, calls of about {work_ms} ms took {result:.4f} by your measure: that looks like seconds; "
            f"return milliseconds (multiply by 1000)")
@@ -430,10 +437,7 @@ def _check_timer(time_ms, device: torch.device, gpu: _SimulatedGPU | None) -> No
     expect(not (len(calls) == repeats + 1 and abs(result / with_warmup - 1) <= 0.1),
            f"{where}, your time includes the warm-up call ({result:.1f} ms per call, {right:.1f} ms without it): "
            f"start the clock after the warm-up")
-    expect(not (gpu and result < right / 2),
-           f"{where}, calls whose work takes {work_ms} ms took {result:.3f} ms by your measure: your clock "
-           f"stopped before the device finished (you measured the launches only). Synchronise "
-           f"(sync(device)) before reading the clock at the end, or time with torch.cuda.Event")
+    expect(not (gpu and result < right / 2), stopped_early)
     expect(False, f"{where}, calls of about {right:.1f} ms each (measured around them) took {result:.4g} ms by "
                   f"your time_ms; time only the `repeats` calls after the warm-up, and divide by repeats")
 

@@ -188,6 +188,13 @@ def _diagnose_run(code, output: str, records: dict, nproc: int, what: str) -> No
                         f"started them).\nLast output:\n{_tail(output)}")
     for rank in range(nproc):
         expect(records[rank]["init"] is not None, f"6.1: rank {rank} never called dist.init_process_group {where}.")
+    # Every rank ran the script to its end (the probe writes its record then): a failure now happens at exit,
+    # where a process group left open can abort the process (gloo does when its peer has gone).
+    not_destroyed = sorted(rank for rank, rec in records.items() if not rec["destroyed"])
+    expect(code == 0 or not not_destroyed,
+           f"6.1: the job failed at exit {where} (exit code {code}), and rank(s) {not_destroyed} never called "
+           f"dist.destroy_process_group(): end the job by tearing the group down, in a finally block so it "
+           f"happens even on error.")
     expect(code == 0, f"6.1: the job failed {where} (exit code {code}).\nLast output:\n{_tail(output)}")
 
 
