@@ -3,11 +3,15 @@
   A. lab: the step as lab 06's scripts take it: batches from a ``DataLoader`` over a ``TensorDataset``
      (shuffled), moved to the device, forward, cross_entropy, zero_grad, backward, step, and the loss
      sum and sample count kept in a device tensor (no host sync per step);
-  B. plain: the same model and optimizer on consecutive slices of the training tensors, nothing else.
+  B. plain: the textbook PyTorch loop over the same shuffled ``DataLoader``: forward, loss, zero_grad,
+     backward, step, nothing else;
+  C. slices: the same step on consecutive slices of the training tensors, with no loader at all.
 
-Runs alternate (A B, B A, ...), every run starts from the same initial weights and trains one epoch of
-the offline ``shapes`` set at batch 64; reported: the median epoch time of each, and their ratio
-(lab / plain, median over the pairs with a 95% bootstrap interval; target <= 1.02).
+A against B is what the course's step adds (target lab / plain <= 1.02); B against C is what the
+``DataLoader`` costs (indexing one sample at a time, then collating), which lab 06's section 2 measures.
+Runs rotate (A B C, C B A, ...), every run starts from the same initial weights and trains one epoch of
+the offline ``shapes`` set at batch 64; reported: the median epoch time of each, and the ratios
+(median over the rounds, with a 95% bootstrap interval).
 
     .venv/bin/python benchmarks/bench_cnn_step.py [--repeats 8] [--train-size 4000] [--threads T] [--json PATH]
 """
@@ -54,6 +58,20 @@ def lab_epoch(model, x, y, device) -> float:
 
 def plain_epoch(model, x, y, device) -> float:
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    loader = DataLoader(TensorDataset(x, y), batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(0))
+    start = time.perf_counter()
+    for xb, yb in loader:
+        xb, yb = xb.to(device), yb.to(device)
+        loss = F.cross_entropy(model(xb), yb)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    loss.item()                                        # waits for the device
+    return time.perf_counter() - start
+
+
+def slices_epoch(model, x, y, device) -> float:
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     x, y = x.to(device), y.to(device)
     start = time.perf_counter()
     for i in range(0, len(x), BATCH):
@@ -80,7 +98,7 @@ def main(argv=None) -> dict:
     shapes = data.load("shapes", train_size=args.train_size, test_size=100)
     torch.manual_seed(0)
     init = models.CNN(shapes.input_shape).state_dict()
-    loops = {"lab": lab_epoch, "plain": plain_epoch}
+    loops = {"lab": lab_epoch, "plain": plain_epoch, "slices": slices_epoch}
     seconds = {name: [] for name in loops}
     info = machine.describe()
     for repeat in range(args.repeats + 1):            # the first pair warms up and is left out
@@ -91,9 +109,11 @@ def main(argv=None) -> dict:
             if repeat:
                 seconds[name].append(elapsed)
     ratio, interval = paired_ratio(seconds["lab"], seconds["plain"])
+    loader_ratio, loader_interval = paired_ratio(seconds["plain"], seconds["slices"])
     report = {"date": datetime.date.today().isoformat(), "machine": machine.one_line(info), "details": info,
               "torch_threads": torch.get_num_threads(), "device": str(device), "train_size": args.train_size,
               "batch": BATCH, "epoch_seconds": seconds, "lab_over_plain": ratio, "lab_over_plain_ci95": list(interval),
+              "plain_over_slices": loader_ratio, "plain_over_slices_ci95": list(loader_interval),
               "load_average_after": machine.describe()["load_average"]}
     print(f"{machine.one_line(info)}; {torch.get_num_threads()} torch threads; load average {info['load_average']}")
     for name, values in seconds.items():
@@ -101,6 +121,8 @@ def main(argv=None) -> dict:
               f"({args.train_size} images, batch {BATCH})")
     print(f"lab / plain = {ratio:.3f} (95% interval {interval[0]:.3f}-{interval[1]:.3f}); target <= 1.02: "
           f"{'met' if ratio <= 1.02 else 'NOT met'}")
+    print(f"plain / slices = {loader_ratio:.3f} (95% interval {loader_interval[0]:.3f}-{loader_interval[1]:.3f}): "
+          f"what the DataLoader costs against slicing the tensors")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     return report

@@ -10,4 +10,4 @@ def test_bench_cnn_step_smoke(tmp_path):
     result = subprocess.run([sys.executable, "benchmarks/bench_cnn_step.py", "--repeats", "1", "--train-size", "128",
                              "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert "lab / plain =" in result.stdout and out.exists()
+    assert "lab / plain =" in result.stdout and "plain / slices =" in result.stdout and out.exists()
