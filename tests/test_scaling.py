@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from spawn_ranks import run_ranks
-from utils import collectives, gpu_speed, scaling
+from utils import collectives, data, gpu_speed, scaling
 
 
 def torch_buckets(param_bytes, bucket_cap_mb):
@@ -84,3 +84,34 @@ def test_wrn_settings_on_a_gpu():
     rows = gpu_speed.wrn_settings(torch.device("cuda"), (3, 32, 32), depth=10, width=1, batch=16, steps=2, warmup=1)
     assert [row["setting"].split(", ")[-1] for row in rows] == list(gpu_speed.SETTINGS)
     assert all(row["images_per_s"] > 0 for row in rows)
+
+
+def _tiny_colour_set():
+    return data.shapes(num_samples=200, size=8, channels=3, test_fraction=0.2)
+
+
+def test_train_to_accuracy_stops_once_the_target_is_met_in_a_row():
+    run = gpu_speed.train_to_accuracy(_tiny_colour_set(), "cpu", depth=10, width=1, batch=32, epochs=5, target=0.0,
+                                      in_a_row=2, dtype=None, channels_last=False)
+    assert [e["epoch"] for e in run["epochs"]] == [1, 2]             # any accuracy meets 0.0: stops after two
+    assert run["reached_epoch"] == 2 and run["reached_s"] == run["epochs"][-1]["train_s"]
+    assert 0 < run["epochs"][0]["train_s"] < run["epochs"][1]["train_s"]
+    assert torch.backends.cudnn.benchmark is False                      # the global setting is put back
+
+
+def test_train_to_accuracy_runs_every_epoch_when_the_target_is_out_of_reach():
+    run = gpu_speed.train_to_accuracy(_tiny_colour_set(), "cpu", depth=10, width=1, batch=32, epochs=3, target=1.01,
+                                      dtype=None, channels_last=True)
+    assert len(run["epochs"]) == 3 and run["reached_epoch"] is None and run["reached_s"] is None
+    assert all(0 <= e["val_accuracy"] <= 1 for e in run["epochs"])
+
+
+def test_train_to_accuracy_refuses_a_batch_larger_than_the_data():
+    with pytest.raises(ValueError, match="larger than the 160 training images"):
+        gpu_speed.train_to_accuracy(_tiny_colour_set(), "cpu", batch=512)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_train_to_accuracy_on_a_gpu_with_the_labs_settings():
+    run = gpu_speed.train_to_accuracy(_tiny_colour_set(), "cuda", depth=10, width=1, batch=32, epochs=2, target=None)
+    assert len(run["epochs"]) == 2 and run["epochs"][1]["train_s"] > 0
