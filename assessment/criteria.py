@@ -164,24 +164,29 @@ def judge_ddp_step(results: list[dict], reference: list[torch.Tensor]) -> str | 
 
 # --- 3. metrics: global_mean(total, count) -> the mean over every rank's samples -----------------
 
-def rank_metrics(ns: dict, seed: int) -> dict:
-    rank = dist.get_rank()
+def metric_inputs(seed: int, rank: int) -> tuple[float, int]:
+    """The (total, count) rank ``rank`` passes to global_mean; the judge recomputes them from the seed."""
     g = torch.Generator().manual_seed(seed + rank)
     count = 3 + 4 * rank                                   # unequal counts: a mean of means is wrong
-    total = float(torch.rand(1, generator=g)) * count * 2.5
-    return {"total": total, "count": count, "mean": float(ns["global_mean"](total, count))}
+    return float(torch.rand(1, generator=g)) * count * 2.5, count
 
 
-def judge_metrics(results: list[dict]) -> str | None:
-    expected = sum(r["total"] for r in results) / sum(r["count"] for r in results)
+def rank_metrics(ns: dict, seed: int) -> dict:
+    total, count = metric_inputs(seed, dist.get_rank())
+    return {"mean": float(ns["global_mean"](total, count))}
+
+
+def judge_metrics(results: list[dict], seed: int) -> str | None:
+    inputs = [metric_inputs(seed, rank) for rank in range(len(results))]   # never the ranks' own word
+    expected = sum(t for t, _ in inputs) / sum(c for _, c in inputs)
     means = [r["mean"] for r in results]
     if all(abs(m - expected) < 1e-6 for m in means):
         return None
-    mean_of_means = sum(r["total"] / r["count"] for r in results) / len(results)
+    mean_of_means = sum(t / c for t, c in inputs) / len(results)
     if all(abs(m - mean_of_means) < 1e-6 for m in means):
         return ("global_mean returned the mean of the ranks' means; with unequal counts that is wrong: sum the "
                 "totals and the counts over ranks (one all_reduce), then divide")
-    local = [r["total"] / r["count"] for r in results]
+    local = [t / c for t, c in inputs]
     if all(abs(m - l) < 1e-6 for m, l in zip(means, local)):
         return "global_mean returned each rank's own mean: reduce the total and the count over ranks first"
     return (f"on {len(results)} ranks global_mean gave {['%.4f' % m for m in means]}, expected {expected:.4f} on "
@@ -308,7 +313,7 @@ def check_on_engines(name: str, ns: dict, seed: int = 0, **options) -> None:
             judge = lambda results: judge_ddp_step(results, reference_step(seed, world))
         elif name == "metrics":
             mine = rank_metrics(ns, seed)
-            judge = judge_metrics
+            judge = lambda results: judge_metrics(results, seed)
         elif name == "training_job":
             saved = {key: ns[key] for key in ("train_set", "test_set", "make_model") if key in ns}
             path = str(Path(options.get("folder", ".")) / f".check_job_{world}.pt")

@@ -1,13 +1,22 @@
 """Runs a submission's functions on freshly spawned ranks and saves what each rank produced.
 
-    python -m assessment.probe LEARNER_CODE.py OUT_DIR SEED SECONDS_PER_WORLD [WORLD ...]
+    python -m assessment.probe LEARNER_CODE.py OUT_DIR SEED_FILE SECONDS_PER_WORLD [WORLD ...]
 
-The grader starts this inside the sandbox (``assessment.sandbox``). For each world size, every rank
-starts a gloo process group, defines the names the assessment's engines have (``rank``, ``device``,
-``torch``, ``DistributedSampler``, ...), executes the learner's code cells, then runs each
-criterion's ``rank_*`` half, saving the results so far to OUT_DIR/world{W}_rank{R}.pt after each
-one (a criterion that hangs costs only itself and those after it). The verdicts are
-taken later, in the grader's own process (``assessment.criteria.judge_*``).
+The grader starts this inside the sandbox (``assessment.sandbox``). The seed of the probe's data is
+read from SEED_FILE, which is deleted before any learner code runs (it is in no command line or
+environment a submission could read). For each world size, every rank starts a gloo process group,
+defines the names the assessment's engines have (``rank``, ``device``, ``torch``,
+``DistributedSampler``, ...), executes the learner's code cells, then runs each criterion's
+``rank_*`` half, saving the results so far to OUT_DIR/world{W}_rank{R}.pt after each one (a
+criterion that hangs costs only itself and those after it). The verdicts are taken later, in the
+grader's own process (``assessment.criteria.judge_*``).
+
+The learner's code runs in the rank's own process, so it could replace the functions that produce
+the results. The rank binds its ``rank_*`` functions before that code runs, and ``Guard`` compares
+the grader's and torch's modules and classes with a snapshot taken before it: a submission that
+replaced any of them fails every criterion with a message that names what it replaced. Code that
+reads the probe's frames or memory is not stopped here; the accuracy criterion does not depend on
+the probe at all (the grader evaluates the saved model in its own process).
 """
 from __future__ import annotations
 
@@ -21,6 +30,52 @@ import traceback
 from pathlib import Path
 
 GROUP_TIMEOUT_S = 30     # a rank waiting for a collective the others never reach gives up after this
+CRITERIA = ("sharding", "ddp_step", "metrics", "training_job")
+
+# What learner code must leave as it found it: the grader's modules, and the torch modules and classes
+# whose functions produce the probe's results (collectives, DDP, optimizers, the loader, saving).
+GUARDED_MODULES = ("assessment.criteria", "assessment.probe", "assessment.settings", "utils.models", "builtins",
+                   "torch", "torch.distributed", "torch.distributed.distributed_c10d", "torch.nn.functional",
+                   "torch.nn.parallel.distributed", "torch.optim", "torch.optim.sgd", "torch.optim.optimizer",
+                   "torch.nn.modules.module", "torch.serialization", "torch.utils.data",
+                   "torch.utils.data.distributed", "torch.utils.data.dataloader")
+
+
+class Guard:
+    """A snapshot of the guarded modules' and classes' attributes; ``replaced()`` names those changed since."""
+
+    def __init__(self):
+        import torch
+        import torch._dynamo  # noqa: F401  (importing it wraps torch.manual_seed and others: do it first)
+        from torch.nn.parallel import DistributedDataParallel
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        from assessment import criteria
+        from utils.models import CNN
+        owners = {name: vars(sys.modules[name]) for name in GUARDED_MODULES if name in sys.modules}
+        for cls in (torch.Tensor, torch.nn.Module, torch.optim.Optimizer, torch.optim.SGD, DistributedDataParallel,
+                    DataLoader, DistributedSampler, CNN, criteria.IndexSet, criteria.LoggedImages):
+            owners[f"{cls.__module__}.{cls.__qualname__}"] = vars(cls)
+        self.owners = owners
+        # torch wraps an optimizer class's step() the first time one is built: let that happen first.
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1).step()
+        # Functions and classes only (flags and counters change as torch runs); values, not ids: a
+        # replaced object that was freed could hand its id to the replacement.
+        self.snapshot = {(owner, key): value for owner, space in owners.items()
+                         for key, value in list(space.items()) if not key.startswith("__") and callable(value)}
+
+    def replaced(self) -> list[str]:
+        return [f"{owner}.{key}" for (owner, key), value in self.snapshot.items()
+                if self.owners[owner].get(key, _MISSING) is not value]
+
+
+_MISSING = object()
+
+
+def _tampered(names: list[str]) -> dict:
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return {"error": f"your code replaced {shown}: the grader's and torch's own functions must stay as they are, "
+                     f"so every criterion fails"}
 
 
 def engine_names(rank: int, world: int) -> dict:
@@ -48,6 +103,8 @@ def _error(error: BaseException) -> dict:
 
 
 def _rank(rank: int, world: int, port: int, code: str, out: str, seed: int) -> None:
+    import functools
+
     import torch
     import torch.distributed as dist
 
@@ -56,30 +113,35 @@ def _rank(rank: int, world: int, port: int, code: str, out: str, seed: int) -> N
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
-    results = {}
     ns = engine_names(rank, world)
+    model_path = str(Path(out) / f"job_world{world}.pt")
+    # Bound now, before the learner's code runs: replacing criteria.rank_* later changes nothing here.
+    runs = {"sharding": functools.partial(criteria.rank_sharding, ns, 4 * world, seed),
+            "ddp_step": functools.partial(criteria.rank_ddp_step, ns, seed),
+            "metrics": functools.partial(criteria.rank_metrics, ns, seed),
+            "training_job": functools.partial(criteria.rank_job, ns, seed, model_path)}
+    save, barrier, result_file = torch.save, dist.barrier, Path(out) / f"world{world}_rank{rank}.pt"
+    guard = Guard()
+    results = {}
     try:
         exec(compile(code, "<your code>", "exec"), ns)
     except BaseException as error:  # SystemExit included: a cell that exits must not end the probe silently
-        results = {name: _error(error) for name in ("sharding", "ddp_step", "metrics", "training_job")}
-    model_path = str(Path(out) / f"job_world{world}.pt")
-    runs = {"sharding": lambda: criteria.rank_sharding(ns, 4 * world, seed),
-            "ddp_step": lambda: criteria.rank_ddp_step(ns, seed),
-            "metrics": lambda: criteria.rank_metrics(ns, seed),
-            "training_job": lambda: criteria.rank_job(ns, seed, model_path)}
+        results = {name: _error(error) for name in CRITERIA}
     for name, run in runs.items():
-        if name in results:
-            continue
+        if name not in results:
+            try:
+                results[name] = run()
+            except BaseException as error:
+                results[name] = _error(error)
+        if replaced := guard.replaced():
+            results = {name: _tampered(replaced) for name in CRITERIA}
+            break
+        save(results, result_file)
         try:
-            results[name] = run()
-        except BaseException as error:
-            results[name] = _error(error)
-        torch.save(results, Path(out) / f"world{world}_rank{rank}.pt")
-        try:
-            dist.barrier()  # ranks start each criterion together; a lost rank shows up here
+            barrier()  # ranks start each criterion together; a lost rank shows up here
         except Exception:
             break
-    torch.save(results, Path(out) / f"world{world}_rank{rank}.pt")
+    save(results, result_file)
     try:
         dist.destroy_process_group()
     finally:
@@ -109,7 +171,9 @@ def run_world(world: int, code: str, out: Path, seed: int, seconds: float) -> No
 
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    code_file, out, seed, seconds = Path(argv[0]), Path(argv[1]), int(argv[2]), float(argv[3])
+    code_file, out, seed_file, seconds = Path(argv[0]), Path(argv[1]), Path(argv[2]), float(argv[3])
+    seed = int(seed_file.read_text())
+    seed_file.unlink()  # gone before the ranks start: no learner code can read it
     out.mkdir(parents=True, exist_ok=True)
     code = code_file.read_text()
     for world in [int(w) for w in argv[4:]] or [2, 3]:

@@ -13,7 +13,7 @@ Linux namespaces made by ``unshare``:
 Everywhere, the command runs in its own session with resource limits (CPU time, file size, open
 files, address space), its working folder as HOME and TMPDIR, a wall-clock limit, and a sweep that
 kills every process carrying this run's marker in its environment. What is not protected is said
-in ``assessment/README.md``: the submission runs as the grader's own user.
+in the README (section "Grading"): the submission runs as the grader's own user.
 """
 from __future__ import annotations
 
@@ -171,6 +171,35 @@ def _prepare_namespaces(workdir: Path, disk_bytes: int) -> None:
     subprocess.run(["mount", "-o", "remount,bind,ro", str(REPO)], check=False, capture_output=True)
 
 
+def _become_subreaper() -> None:
+    """Make orphaned descendants ours (Linux PR_SET_CHILD_SUBREAPER), not init's: a process that left
+    the session and cleared its environment is still found among our descendants."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # 36 = PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below ``root`` in the parent tree, read from /proc/*/stat."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parent = int(stat[stat.rindex(")") + 2:].split()[1])  # the name in (...) may hold spaces
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            found.append(pid)
+            todo.append(pid)
+    return found
+
+
 def _kill_all_but_me(child: subprocess.Popen, token: str, in_namespace: bool) -> None:
     if in_namespace:
         try:
@@ -178,6 +207,16 @@ def _kill_all_but_me(child: subprocess.Popen, token: str, in_namespace: bool) ->
         except ProcessLookupError:
             pass
     _kill_group(child.pid)
+    for _ in range(5):  # as subreaper, orphans are our descendants, whatever their session or environment
+        pids = descendants(os.getpid())
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.1)
     sweep(token)
     while True:  # reap: as init, orphans are ours
         try:
@@ -201,6 +240,8 @@ def supervise(plan_file: str) -> None:
     in_namespace = plan["mode"] != "none"
     if in_namespace:
         _prepare_namespaces(workdir, limits["disk_bytes"])
+    else:
+        _become_subreaper()
     cuda = os.path.exists("/dev/nvidia0")
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(workdir), "TMPDIR": str(workdir),
            "IPYTHONDIR": str(workdir / ".ipython"), "JUPYTER_RUNTIME_DIR": str(workdir / ".jupyter-runtime"),

@@ -31,6 +31,7 @@ class Submission:
     code: str                                              # the learner's code cells, for the probes
     answers: dict[str, str] = field(default_factory=dict)  # written answers, by cell id
     notes: list[str] = field(default_factory=list)         # what was restored or missing
+    code_cells: list[str] = field(default_factory=list)    # ids of the code cells the learner writes
 
 
 def owned_cells(nb: nbformat.NotebookNode) -> dict[str, str]:
@@ -99,4 +100,5 @@ def restore(path: Path, instructor: Path = INSTRUCTOR) -> Submission:
     code = "\n\n".join(_python(theirs.get(c.id, c.source)) for c in given.cells
                        if c.id in owned and c.cell_type == "code")
     answers = {c.id: theirs.get(c.id, "") for c in given.cells if c.id in owned and c.cell_type == "markdown"}
-    return Submission(given, code, answers, notes)
+    code_cells = [c.id for c in given.cells if c.id in owned and c.cell_type == "code"]
+    return Submission(given, code, answers, notes, code_cells)

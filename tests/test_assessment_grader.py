@@ -2,7 +2,8 @@
 
 One batch of submissions is graded once (two at a time, quick mode) and every test reads its CSV,
 feedback and the machine's process table. Each hostile submission is the instructor's solution
-plus one attack, so the points it keeps show that the attack neither helped it nor harmed the rest.
+plus one attack, so the points it keeps show that the attack neither helped it nor harmed the rest
+(except where the attack replaces the grader's functions: that fails every probed criterion).
 """
 from __future__ import annotations
 
@@ -178,6 +179,9 @@ def leftovers() -> list[str]:
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
+    if sandbox.isolation_mode() == "none":
+        pytest.skip("the hostile submissions need the sandbox's namespaces (run as root, or enable unprivileged "
+                    "user namespaces): without them they would write to this repository and fill this disk")
     folder, out = tmp_path_factory.mktemp("submissions"), tmp_path_factory.mktemp("grades")
     write_batch(folder, batch())
     done = grade(folder, out, jobs=2)
@@ -253,8 +257,11 @@ def test_sys_exit_and_a_dying_kernel_are_graded_with_the_reasons(graded):
 def test_fake_results_patched_checks_and_a_fake_model_earn_nothing(graded):
     table, feedback, out, _ = graded
     row = table["i_cheater"]
-    assert int(row["training_job"]) == 0 and int(row["target"]) == 0, feedback["i_cheater"]
-    assert total(row) == 5  # the honest functions it kept still count
+    # It replaced two of the grader's functions: every probed criterion fails, and says why.
+    assert total(row) == 0, feedback["i_cheater"]
+    assert "your code replaced" in feedback["i_cheater"]
+    assert "assessment.criteria.judge_job" in feedback["i_cheater"]
+    assert "assessment.criteria.check_on_engines" in feedback["i_cheater"]
     assert "not the assessment CNN's state_dict" in feedback["i_cheater"]
     assert not (out / "metrics.json").exists()
     assert "# edited" not in (ROOT / "assessment" / "grade.py").read_text()
@@ -267,15 +274,32 @@ def test_left_processes_a_flood_of_output_and_a_full_disk_do_not_reach_the_grade
     assert (out / "executed" / "j_leaver_flooder.ipynb").stat().st_size < 8 << 20
 
 
-def test_grading_in_parallel_gives_the_same_csv_as_grading_one_at_a_time(tmp_path):
-    folder = tmp_path / "few"
-    subset = batch()
-    write_batch(folder, {k: subset[k] for k in ("d_invalid_json", "e_other_course", "h_exits")})
-    serial, parallel = tmp_path / "serial", tmp_path / "parallel"
-    assert grade(folder, serial, 1).returncode == 0
-    assert grade(folder, parallel, 2).returncode == 0
-    assert (serial / "grades.csv").read_text() == (parallel / "grades.csv").read_text()
+def test_grading_in_parallel_gives_the_same_csv_as_grading_one_at_a_time(graded, tmp_path):
+    table, *_ = graded                                  # the batch was graded two at a time
+    names = ("a_instructor", "c_half", "h_exits")       # full marks, some points, none
+    write_batch(tmp_path / "few", {name: nb for name, nb in batch().items() if name in names})
+    assert grade(tmp_path / "few", tmp_path / "serial", 1).returncode == 0
+    serial = rows(tmp_path / "serial")
+    assert {name: serial[name] for name in names} == {name: table[name] for name in names}
+    assert [total(serial[name]) for name in names] == [FULL, 3, 0]
     assert leftovers() == []
+
+
+def test_the_gpu_time_budget_counts_the_learners_cells_and_applies_only_with_a_gpu_per_worker(monkeypatch):
+    import torch
+
+    from assessment import grade as grader
+    from assessment import settings
+    def status(run, hidden=0.0):
+        return {"cells": [{"id": "asmt-03", "seconds": 10.0}, {"id": "asmt-17", "seconds": hidden},
+                          {"id": "asmt-20", "seconds": run}]}
+    owned = ["asmt-08", "asmt-11", "asmt-14", "asmt-17"]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: settings.WORKERS)
+    assert grader._over_time_budget(status(run=4.0), owned) is None
+    assert "took 12.0 s" in grader._over_time_budget(status(run=12.0), owned)
+    assert "took 10.5 s" in grader._over_time_budget(status(run=0.5, hidden=10.0), owned)  # trained in asmt-17
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: settings.WORKERS - 1)  # engines on the CPU cores
+    assert grader._over_time_budget(status(run=60.0), owned) is None
 
 
 def test_restore_refuses_what_is_not_a_notebook_and_names_missing_cells(tmp_path):

@@ -20,11 +20,13 @@ def solution_code() -> str:
     return "\n\n".join(_python(c.source) for c in nb.cells if c.id in owned and c.cell_type == "code")
 
 
-def verdicts(tmp_path, code: str, monkeypatch, worlds=(3,)) -> dict:
+def verdicts(tmp_path, code: str, monkeypatch, worlds=(3,), seed=1234) -> dict:
     out = tmp_path / "results"
     (tmp_path / "learner.py").write_text(code)
-    probe.main([str(tmp_path / "learner.py"), str(out), "1234", "120", *map(str, worlds)])
-    (out / "probe-seed").write_text("1234")
+    (tmp_path / "seed").write_text(str(seed))
+    probe.main([str(tmp_path / "learner.py"), str(out), str(tmp_path / "seed"), "120", *map(str, worlds)])
+    assert not (tmp_path / "seed").exists()          # deleted before any learner code ran
+    (out / "probe-seed").write_text(str(seed))
     monkeypatch.setattr(grade, "PROBE_WORLDS", tuple(worlds))
     return grade.judge_probes(out)
 
@@ -143,3 +145,48 @@ def test_code_that_cannot_run_fails_every_criterion_with_the_error(tmp_path, mon
 def test_a_rank_that_exits_fails_the_criteria_without_hanging(tmp_path, monkeypatch):
     got = verdicts(tmp_path, "import os\nif rank == 1:\n    os._exit(0)\n", monkeypatch)
     assert all(reason and "rank 1" in reason for reason in got.values()), got
+
+
+# Code that implements nothing and forges the probe's results by replacing the grader's or torch's
+# functions (every grader file can be read, so a learner knows their names).
+FORGE_CRITERIA = """
+from assessment import criteria as _criteria
+_criteria.rank_ddp_step = lambda ns, seed: {"weights": _criteria.reference_step(seed, world_size), "losses": [0.0],
+                                            "is_ddp": True}
+_criteria.rank_metrics = lambda ns, seed: {"mean": 0.0}
+_criteria._weights = lambda module: _criteria.reference_step(0, world_size)
+"""
+
+def _solution_with_patched_step() -> str:
+    # The right functions, plus a replaced optimizer step: an honest-looking run on forged arithmetic.
+    return solution_code() + "\n\ntorch.optim.SGD.step = lambda self, closure=None: None\n"
+
+
+@pytest.mark.parametrize("make_code, replaced", [
+    (lambda: FORGE_CRITERIA, "assessment.criteria.rank_ddp_step"),
+    (_solution_with_patched_step, "torch.optim.sgd.SGD.step"),
+], ids=["grader-functions", "torch-optimizer-step"])
+def test_code_that_replaces_the_graders_or_torchs_functions_fails_every_criterion(tmp_path, monkeypatch,
+                                                                                  make_code, replaced):
+    got = verdicts(tmp_path, make_code(), monkeypatch)
+    assert all(reason and "your code replaced" in reason and replaced in reason for reason in got.values()), got
+
+
+SEED_HUNTER = """
+import os
+_SEED = "987654321"
+for _pid in os.listdir("/proc"):
+    for _what in ("cmdline", "environ"):
+        try:
+            _text = open(f"/proc/{_pid}/{_what}", "rb").read().decode(errors="replace")
+        except OSError:
+            continue
+        if _SEED in _text:
+            raise RuntimeError(f"found the probe's seed in /proc/{_pid}/{_what}")
+raise RuntimeError("the seed is nowhere to be read")
+"""
+
+
+def test_the_probe_seed_is_in_no_command_line_environment_or_file(tmp_path, monkeypatch):
+    got = verdicts(tmp_path, SEED_HUNTER, monkeypatch, seed=987654321)
+    assert all(reason and "the seed is nowhere to be read" in reason for reason in got.values()), got

@@ -15,11 +15,11 @@ needs_namespaces = pytest.mark.skipif(MODE == "none", reason="unshare cannot mak
                                       "user namespaces): the grader falls back to sessions and limits only")
 
 
-def run_script(tmp_path, body: str, keep=(), **limits):
+def run_script(tmp_path, body: str, keep=(), mode=None, **limits):
     work, out = tmp_path / "work", tmp_path / "out"
     work.mkdir()
     (work / "script.py").write_text(textwrap.dedent(body))
-    result = sandbox.run([sys.executable, "script.py"], work, list(keep), out, sandbox.Limits(**limits))
+    result = sandbox.run([sys.executable, "script.py"], work, list(keep), out, sandbox.Limits(**limits), mode=mode)
     return result, out
 
 
@@ -40,12 +40,15 @@ def test_files_named_in_keep_come_back_and_the_exit_code_is_reported(tmp_path):
     assert not (out / "absent.txt").exists()
 
 
-def test_a_process_that_leaves_the_session_is_killed_when_the_run_ends(tmp_path):
-    # A grandchild in a new session, renamed so that only its environment marks it.
-    result, _ = run_script(tmp_path, """
+@pytest.mark.parametrize("mode", [MODE, "none"], ids=["this-machine", "no-namespaces"])
+@pytest.mark.parametrize("environment", ["marked", "cleared"])
+def test_a_process_that_leaves_the_session_is_killed_when_the_run_ends(tmp_path, mode, environment):
+    # A grandchild in a new session; with its environment cleared, not even the run's marker names it.
+    env = ", env={}" if environment == "cleared" else ""
+    result, _ = run_script(tmp_path, f"""
         import subprocess, sys
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
-    """, wall_s=60)
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True{env})
+    """, wall_s=60, mode=mode)
     assert result.returncode == 0
     time.sleep(0.5)
     leftovers = [pid for pid in _python_sleepers()]
