@@ -28,6 +28,7 @@ from pathlib import Path
 import nbformat
 
 from . import sandbox
+from .probe import CRITERIA as PROBED  # the criteria the probe's ranks decide
 from .submission import SubmissionError, restore
 
 PROBE_WORLDS = (2, 3)
@@ -98,7 +99,7 @@ def judge_probes(out: Path) -> dict[str, str | None]:
     verdicts: dict[str, str | None] = {}
     for world in PROBE_WORLDS:
         results = _load_probe(out, world)
-        for name in ("sharding", "ddp_step", "metrics", "training_job"):
+        for name in PROBED:
             if verdicts.get(name):
                 continue
             if isinstance(results, str):
@@ -164,11 +165,17 @@ def grade_one(path: Path, out: Path, options: argparse.Namespace) -> Grade:
         keep = [f"results/world{w}_rank{r}.pt" for w in PROBE_WORLDS for r in range(w)]
         per_world = options.probe_timeout / len(PROBE_WORLDS)
         (probe_work / "seed").write_text(str(seed))   # read and deleted by the probe before any learner code runs
-        sandbox.run([sys.executable, "-m", "assessment.probe", "learner.py", "results", "seed", str(per_world),
-                     *map(str, PROBE_WORLDS)], probe_work, keep, probe_out,
-                    sandbox.Limits(wall_s=options.probe_timeout + 30), env)
+        probed = sandbox.run([sys.executable, "-m", "assessment.probe", "learner.py", "results", "seed",
+                              str(per_world), *map(str, PROBE_WORLDS)], probe_work, keep, probe_out,
+                             sandbox.Limits(wall_s=options.probe_timeout + 30), env)
         (probe_out / "probe-seed").write_text(str(seed))
-        for name, reason in judge_probes(probe_out).items():
+        if probed.failure:
+            print(f"grader: {probed.failure}", file=sys.stderr)
+            verdicts = {name: f"the grader could not run the checks of your functions (not your code's fault; tell "
+                              f"your instructor): {probed.failure}" for name in PROBED}
+        else:
+            verdicts = judge_probes(probe_out)
+        for name, reason in verdicts.items():
             grade.points[name] = criteria[name][0] if reason is None else 0
             if reason:
                 grade.reasons[name] = reason
@@ -200,6 +207,9 @@ def _status(path: Path) -> dict:
 
 
 def _run_problem(status: dict, result: sandbox.Result, options) -> str:
+    if result.failure:  # not the submission's doing: the instructor must see it
+        print(f"grader: {result.failure}", file=sys.stderr)
+        return f"the grader could not run your notebook (not your code's fault; tell your instructor): {result.failure}"
     if result.timed_out:
         return f"the notebook did not finish within {options.notebook_timeout} s and was stopped"
     if not status:

@@ -50,6 +50,7 @@ class Result:
     timed_out: bool
     seconds: float
     isolation: str
+    failure: str = ""   # the sandbox itself failed (its own error output), so the command may never have run
 
 
 def isolation_mode() -> str:
@@ -85,20 +86,31 @@ def run(command: list[str], workdir: Path, keep: list[str], outdir: Path, limits
     elif mode == "user-namespaces":
         launcher = _UNSHARE[:1] + ["--user", "--map-root-user"] + _UNSHARE[1:] + launcher
     start = time.monotonic()
-    process = subprocess.Popen(launcher, cwd=REPO, start_new_session=True, stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               env={**os.environ, MARKER: token}, preexec_fn=_die_with_parent)
+    errors = outdir / ".sandbox-errors"  # the supervisor's own (the command's output goes nowhere)
+    with open(errors, "wb") as stderr:
+        process = subprocess.Popen(launcher, cwd=REPO, start_new_session=True, stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.DEVNULL, stderr=stderr,
+                                   env={**os.environ, MARKER: token}, preexec_fn=_die_with_parent)
+    timed_out = False
     try:
         process.wait(limits.wall_s + 60)  # the init enforces wall_s itself; this is the backstop
     except subprocess.TimeoutExpired:
         _kill_group(process.pid)
         process.wait()
+        timed_out = True
     sweep(token)
     plan_file.unlink(missing_ok=True)
     status_file = outdir / ".sandbox-status.json"
     status = json.loads(status_file.read_text()) if status_file.exists() else {}
     status_file.unlink(missing_ok=True)
-    return Result(status.get("returncode"), status.get("timed_out", True), time.monotonic() - start, mode)
+    failure = ""
+    if not status and not timed_out:
+        lines = errors.read_bytes()[-4000:].decode(errors="replace").strip().splitlines()
+        failure = (f"the sandbox's supervisor ({mode}) exited with {process.returncode} before the command "
+                   f"ended: {lines[-1] if lines else 'no error output'}")
+    errors.unlink(missing_ok=True)
+    return Result(status.get("returncode"), status.get("timed_out", timed_out), time.monotonic() - start, mode,
+                  failure)
 
 
 def _die_with_parent() -> None:

@@ -134,3 +134,11 @@ def test_a_run_sees_only_its_own_processes_and_cannot_edit_the_course(tmp_path):
     count, edit = (out / "seen.txt").read_text().split()
     assert int(count) < 10, f"the run saw {count} processes: the machine's, not only its own"
     assert edit != "edited"
+
+
+def test_a_sandbox_that_cannot_start_says_why_instead_of_a_timeout(tmp_path):
+    # The supervisor cannot enter a working folder that does not exist: its own error must come back.
+    result = sandbox.run([sys.executable, "-c", "pass"], tmp_path / "missing", [], tmp_path / "out",
+                         sandbox.Limits(wall_s=30), mode="none")
+    assert not result.timed_out and result.returncode is None
+    assert "supervisor" in result.failure and "FileNotFoundError" in result.failure, result.failure

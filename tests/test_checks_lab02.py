@@ -97,6 +97,14 @@ def test_train_steps_stub():
     assert "raise NotImplementedError" in message
 
 
+def test_a_not_implemented_error_from_inside_torch_is_a_crash_not_a_stub():
+    def reads_a_meta_tensor(model, optimizer, batches):
+        return torch.empty(len(batches), device="meta").tolist()   # torch raises NotImplementedError here
+    message = fails(lab02.check_train_steps, reads_a_meta_tensor, Incorrect)
+    assert message.startswith("Exercise 2.1 (train_steps): your code raised NotImplementedError: Cannot copy "
+                              "out of meta tensor"), message
+
+
 def test_train_steps_stub_with_hint():
     def hinted(model, optimizer, batches):
         raise NotImplementedError("Hint: append loss.detach() to a list")
@@ -219,15 +227,25 @@ def test_train_steps_wrong_loss():
                               "loss = F.cross_entropy(model(x), y): expected [")
 
 
+# On a real GPU a tensor built from host values lands on the CPU, and the device check says so first.
+ON_THE_HOST = "the returned losses are on cpu but the model is on cuda:0: keep them on the device"
+
+
 def test_train_steps_item_then_tensor():
     message = fails(lab02.check_train_steps,
                     lambda *a: torch.tensor(train_steps(*a, keep=lambda loss: loss.item())), Incorrect)
-    assert message.startswith(HOST_READS + ".item() (5x). On a GPU each read waits")
+    if torch.cuda.is_available():
+        assert message.startswith(ON_THE_HOST), message
+    else:
+        assert message.startswith(HOST_READS + ".item() (5x). On a GPU each read waits")
 
 
 def test_train_steps_tensor_of_tensors():
     message = fails(lab02.check_train_steps, lambda *a: torch.tensor(train_steps(*a)), Incorrect)
-    assert message.startswith(HOST_READS) and "(5x)" in message
+    if torch.cuda.is_available():
+        assert message.startswith(ON_THE_HOST), message
+    else:
+        assert message.startswith(HOST_READS) and "(5x)" in message
 
 
 def test_train_steps_printing(capsys):
@@ -261,8 +279,10 @@ def test_train_steps_crash_is_incorrect_with_learner_traceback():
     with pytest.raises(Incorrect) as info:
         lab02.check_train_steps(learner_crashes)
     error = info.value
-    assert str(error).startswith("Exercise 2.1 (train_steps): your code raised RuntimeError:")
-    assert isinstance(error.__cause__, RuntimeError)
+    # The CPU kernel raises RuntimeError; the CUDA one NotImplementedError, a crash all the same.
+    kind = NotImplementedError if torch.cuda.is_available() else RuntimeError
+    assert str(error).startswith(f"Exercise 2.1 (train_steps): your code raised {kind.__name__}:")
+    assert isinstance(error.__cause__, kind)
     text = "\n".join(error._render_traceback_())
     assert "in learner_crashes" in text
     assert "utils/checks" not in text.replace("\\", "/")
@@ -270,6 +290,7 @@ def test_train_steps_crash_is_incorrect_with_learner_traceback():
 
 # --- 2.1 on a device that cannot be read on the host ------------------------------------------
 
+@NO_CUDA_HERE  # on a GPU the real device catches these copies, with the device message above
 def test_train_steps_host_copies_are_caught_without_a_gpu():
     # .cpu(), .to("cpu") and a host buffer cost nothing on a CPU; the meta device makes each one fail.
     copy_out = "train_steps copies data from the device to the host: run on a device whose tensors cannot be read"

@@ -36,6 +36,13 @@ class Incorrect(ExerciseError):
     """The exercise runs but gives a wrong answer, or crashes."""
 
 
+def _is_stub(error: NotImplementedError) -> bool:
+    """True when the error comes from a ``raise NotImplementedError`` line, as the exercise stubs do."""
+    frames = traceback.extract_tb(error.__traceback__)
+    line = (frames[-1].line or "").strip() if frames else ""
+    return not line or line.startswith("raise NotImplementedError")
+
+
 @contextmanager
 def exercise(name: str):
     """Run a check of exercise ``name``, turning every failure into a clear ExerciseError."""
@@ -44,6 +51,8 @@ def exercise(name: str):
     except ExerciseError:
         raise
     except NotImplementedError as stub:
+        if not _is_stub(stub):  # raised inside a library, e.g. a CUDA kernel missing for a dtype: a crash
+            raise Incorrect(f"{name}: your code raised NotImplementedError: {stub}") from stub
         hint = str(stub).strip()
         raise NotSolved(f"{name} is not solved yet: replace the `raise NotImplementedError` in the "
                         f"exercise cell with your code, run that cell, then this one."
