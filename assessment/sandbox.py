@@ -170,8 +170,21 @@ def _set_limits(limits: dict, cuda: bool) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limits["memory_bytes"], limits["memory_bytes"]))
 
 
+def _loopback_up() -> None:
+    """Bring the new network namespace's loopback up (the engines talk over 127.0.0.1), with the
+    SIOCGIFFLAGS/SIOCSIFFLAGS ioctls rather than iproute2's ``ip``, which a machine may not have."""
+    import fcntl
+    import socket
+    import struct
+    get_flags, set_flags, up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(s, get_flags, request))[1]
+        fcntl.ioctl(s, set_flags, struct.pack("16sH14x", b"lo", flags | up))
+
+
 def _prepare_namespaces(workdir: Path, disk_bytes: int) -> None:
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=False, capture_output=True)
+    _loopback_up()
     staged = Path(f"/tmp/.sandbox-stage-{os.getpid()}-{uuid.uuid4().hex[:6]}")
     shutil.copytree(workdir, staged)            # the files the command starts with
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={disk_bytes},mode=0755", "tmpfs", str(workdir)], check=True)
