@@ -145,15 +145,24 @@ def _check_settings(n: int, backend: str, engines: str) -> None:
 
 # --- functions that run on the engines --------------------------------------------------
 
+# Set by the MPI launchers (mpich's hydra, Open MPI, PMIx, Slurm's PMI) in the processes they start.
+MPI_LAUNCHER_VARIABLES = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID")
+
+
 def _engine_identity():
     import os
     import socket
+    import sys
 
-    try:
-        from mpi4py import MPI  # only present for MPI engines; gives the launcher's rank order
-        mpi_rank = MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() else None
-    except ImportError:
-        mpi_rank = None
+    mpi_rank = None
+    # Only where an MPI launcher started this engine: importing mpi4py initialises MPI, and a build of
+    # Open MPI can abort a process that no launcher started (an engine died that way in a sandbox).
+    if "mpi4py.MPI" in sys.modules or any(name in os.environ for name in MPI_LAUNCHER_VARIABLES):
+        try:
+            from mpi4py import MPI  # the launcher's rank order
+            mpi_rank = MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() else None
+        except ImportError:
+            pass
     return socket.gethostname(), os.getpid(), mpi_rank
 
 
