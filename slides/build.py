@@ -177,8 +177,14 @@ def figures() -> dict:
     def lab_times():
         return plotting.plot_lab_times(_recorded("lab_times.json")["labs"])
 
+    def gpu_settings():
+        from utils import gpu_speed
+
+        run = gpu_speed.recorded_runs(RESULTS)[-1]  # the newest recorded GPU run
+        return plotting.plot_gpu_settings(run["rows"], _machine(run))
+
     made = {"mlp.svg": mlp, "alpha_beta.svg": alpha_beta, "ddp_variants.svg": ddp_variants,
-            "speedup.svg": speedup, "warmup.svg": warmup, "lab_times.svg": lab_times,
+            "speedup.svg": speedup, "warmup.svg": warmup, "lab_times.svg": lab_times, "gpu_settings.svg": gpu_settings,
             "sync_points.svg": plotting.plot_sync_points, "bucket_overlap.svg": plotting.plot_bucket_overlap,
             "critical_batch.svg": plotting.plot_critical_batch, "local_sgd.svg": plotting.plot_local_sgd}
     for step in range(7):

@@ -393,3 +393,25 @@ def plot_lab_times(labs: Sequence[Mapping], ax=None):
         fig.text(0.01, 0.01 + 0.035 * i, f"labs {', '.join(l['notebook'][:2] for l in labs if l.get('machine', '') == machine)}:"
                  f" {machine}", fontsize=7, color="0.35")
     return fig
+
+
+def plot_gpu_settings(rows: Sequence[Mapping], machine: str, ax=None):
+    """Images per second of a training step for each GPU setting (``utils.gpu_speed.wrn_settings``'s
+    rows, e.g. a recorded ``benchmarks/results/wrn_gpu_*.json``), relative to the first (fp32)."""
+    fig, ax = _axes(ax, figsize=(8, 3.6))
+    import textwrap
+
+    names = ["\n".join(textwrap.wrap(row["setting"].split(", ")[-1], 30)) for row in rows]
+    speeds = [row["images_per_s"] for row in rows]
+    bars = ax.barh(range(len(rows)), speeds, color="tab:green")
+    for bar, speed in zip(bars, speeds):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {speed / speeds[0]:.2f}x",
+                va="center", fontsize=8)
+    ax.set_yticks(range(len(rows)), names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(speeds) * 1.15)
+    ax.set_xlabel("images per second")
+    ax.set_title(rows[0]["setting"].rsplit(", ", 1)[0] + ": one training step")
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.text(0.01, 0.01, machine, fontsize=7, color="0.35")
+    return fig
