@@ -145,8 +145,12 @@ def marked_pids(token: str) -> list[int]:
 
 
 def sweep(token: str) -> None:
-    for _ in range(5):  # a process may fork while being killed: sweep until none is left
-        pids = marked_pids(token)
+    _kill_until_gone(lambda: marked_pids(token))
+
+
+def _kill_until_gone(find_pids) -> None:
+    for _ in range(5):  # a process may fork while being killed: look again until none is left
+        pids = find_pids()
         if not pids:
             return
         for pid in pids:
@@ -232,16 +236,8 @@ def _kill_all_but_me(child: subprocess.Popen, token: str, in_namespace: bool) ->
         except ProcessLookupError:
             pass
     _kill_group(child.pid)
-    for _ in range(5):  # as subreaper, orphans are our descendants, whatever their session or environment
-        pids = descendants(os.getpid())
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        time.sleep(0.1)
+    # As subreaper, orphans are our descendants, whatever their session or environment.
+    _kill_until_gone(lambda: descendants(os.getpid()))
     sweep(token)
     while True:  # reap: as init, orphans are ours
         try:
