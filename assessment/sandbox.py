@@ -1,47 +1,66 @@
-"""Runs one command of a submission in isolation, with limits, and leaves no process behind.
+"""Runs one command of a submission behind a boundary, with limits, and leaves no process behind.
 
-Where the platform allows it (root, or unprivileged user namespaces), the command runs in new
-Linux namespaces made by ``unshare``:
+The boundary is bubblewrap (``bwrap``, the sandbox Flatpak uses; Debian's ``bubblewrap``). It was
+chosen over hand-made ``unshare`` plumbing because it is small, widely audited, runs without root,
+and does in one step what a boundary needs: new user, PID, network, IPC, UTS and mount namespaces,
+minimal bind mounts, no capabilities, ``no_new_privs``, and death with its parent.
 
-- network: only a loopback interface, so the submission reaches nothing, and no port clashes
-  between submissions graded side by side;
-- PID: the submission sees only its own processes, and when this module's init process (PID 1
-  there) exits, the kernel kills everything left in the namespace, daemons included;
-- mount: the working folder is a size-limited tmpfs (the disk it can fill), a fresh /proc, and
-  the course repository is mounted read-only.
+What a command sees (``isolation_mode() == "bwrap"``):
 
-Everywhere, the command runs in its own session with resource limits (CPU time, file size, open
-files, address space), its working folder as HOME and TMPDIR, a wall-clock limit, and a sweep that
-kills every process carrying this run's marker in its environment. What is not protected is said
-in the README (section "Grading"): the submission runs as the grader's own user.
+- files: the system's ``/usr`` (and the ``/lib``, ``/bin`` links), a few files of ``/etc``, the
+  Python it runs with, and the read-only folders it is given (the learner bundle, the venv); its
+  own working folder ``/sandbox/work`` and ``/tmp``, both size-limited tmpfs that vanish with it;
+  its own ``/proc`` and a minimal ``/dev``. No host ``/tmp``, ``/run``, home, submissions, grader
+  output or repository: they are not there.
+- user: an unprivileged uid (``COURSE_SANDBOX_UID``, default 65534 "nobody", when the grader runs
+  as root; the grader's own uid otherwise), inside a user namespace of its own, with no capability
+  and no way to make another user namespace: it can remount nothing.
+- network: a loopback of its own; nothing else.
+- limits: CPU seconds, file size, open files and address space per process; where the grader runs
+  as root on a machine with cgroups (v1 or v2), the memory and the number of processes of the whole
+  submission (tmpfs files count as memory); a wall clock kept by the grader.
+
+The files named in ``keep`` come back as a tar stream on the command's standard output, read by the
+grader up to a cap: nothing in the sandbox can write a host file. Everything that comes back is
+untrusted data. When the run ends, bwrap's PID 1 exits and the kernel kills every process left in
+the namespace. Without bwrap or user namespaces ``isolation_mode()`` is "none": the grader then
+refuses to grade untrusted work (``run`` with ``mode="none"`` is for a learner grading their own).
 """
 from __future__ import annotations
 
-import json
+import io
 import os
+import pwd
 import resource
 import shutil
 import signal
 import subprocess
 import sys
+import tarfile
+import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 MARKER = "COURSE_SANDBOX_RUN"
-REPO = Path(__file__).resolve().parent.parent
-_UNSHARE = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc"]
+WORK = "/sandbox/work"                 # the command's working folder inside the sandbox
+_ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "nsswitch.conf", "hosts", "localtime",
+        "alternatives")
+_TAR_MARK = b"\n--course-sandbox-files--\n"
+_CGROUP_NAME = "course-sandbox"
 
 
 @dataclass
 class Limits:
-    wall_s: float = 600            # the whole command
-    cpu_s: int = 1800              # CPU seconds, per process
-    file_bytes: int = 64 << 20     # the largest file it may write
-    disk_bytes: int = 256 << 20    # all its files together (tmpfs; namespaces only)
+    wall_s: float = 600                 # the whole command, kept by the grader
+    cpu_s: int = 1800                   # CPU seconds, per process
+    file_bytes: int = 64 << 20          # the largest file it may write (and the most that comes back per file)
+    disk_bytes: int = 256 << 20         # its working folder and /tmp, each (tmpfs)
     open_files: int = 2048
-    memory_bytes: int = 8 << 30    # address space per process (not set where CUDA needs more)
+    memory_bytes: int = 8 << 30         # address space per process (not set where CUDA needs more)
+    total_memory_bytes: int = 12 << 30  # the whole submission, files in tmpfs included (cgroup)
+    max_processes: int = 512            # the whole submission, threads included (cgroup)
 
 
 @dataclass
@@ -51,75 +70,376 @@ class Result:
     seconds: float
     isolation: str
     failure: str = ""   # the sandbox itself failed (its own error output), so the command may never have run
+    caps: list[str] = field(default_factory=list)  # the limits that applied, in words
+
+
+# --- what this machine allows ----------------------------------------------------------------------
+
+def sandbox_uid() -> int | None:
+    """The uid a submission runs as: a dedicated unprivileged one when the grader is root, else None (ours)."""
+    if os.geteuid() != 0:
+        return None
+    return int(os.environ.get("COURSE_SANDBOX_UID", "65534"))
+
+
+_MODE: list[str] = []
 
 
 def isolation_mode() -> str:
-    """'namespaces', 'user-namespaces' or 'none': what this machine lets the grader use."""
-    if shutil.which("unshare") is None:
-        return "none"
-    for mode, extra in (("namespaces", []), ("user-namespaces", ["--user", "--map-root-user"])):
+    """'bwrap' when a submission can be run behind the boundary here, else 'none' (see ``why_none``)."""
+    if not _MODE:
+        _MODE.append("bwrap" if not _probe_bwrap() else "none")
+    return _MODE[0]
+
+
+def _probe_bwrap() -> str:
+    """Why bwrap cannot make the boundary here ('' when it can)."""
+    if shutil.which("bwrap") is None:
+        return "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap)"
+    with _Mounts() as mounts:
+        argv = _bwrap_argv(mounts, [], Limits(), {}) + ["--", "/bin/true"]
         try:
-            done = subprocess.run(_UNSHARE[:1] + extra + _UNSHARE[1:] + ["true"], capture_output=True, timeout=20)
-        except (OSError, subprocess.TimeoutExpired):
+            done = subprocess.run(argv, capture_output=True, timeout=30, pass_fds=mounts.fds,
+                                  preexec_fn=_Launch(sandbox_uid(), None, Limits(), mounts).child)
+        except (OSError, subprocess.TimeoutExpired, subprocess.SubprocessError) as error:
+            return f"bwrap could not start ({error})"
+    if done.returncode:
+        return ("bwrap cannot create a user namespace here (" + done.stderr.decode(errors="replace").strip()[-200:] +
+                "): enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 or "
+                "user.max_user_namespaces > 0), or grade in a Linux VM or container that allows them")
+    return ""
+
+
+def why_none() -> str:
+    return _probe_bwrap() or "the boundary is available"
+
+
+# --- the outside: mounts, limits, cgroups -----------------------------------------------------------
+
+class _Mounts:
+    """Host folders the sandbox binds. A folder the sandbox's uid cannot reach (Python installed under
+    /root, say) is first bound, in a mount namespace private to the launcher, onto a staging folder it
+    can reach; bwrap then binds that to the folder's own path inside."""
+
+    def __init__(self, view: dict[str, str] | None = None):
+        self.view = {str(Path(k).resolve()): v for k, v in (view or {}).items()}
+        python_home = str(Path(sys.base_prefix).resolve())
+        self.view.setdefault(python_home, python_home)
+        self.view.setdefault(str(Path(sys.prefix).resolve()), str(Path(sys.prefix).resolve()))  # the venv
+        self.fds: list[int] = []
+        self.staged: dict[str, str] = {}   # host folder -> staging folder
+        self.stage_root: str | None = None
+
+    def __enter__(self):
+        uid = sandbox_uid()
+        if uid is not None:
+            reachable = [p for p in self.view if _reachable(p, uid)]
+            hidden = [p for p in self.view if p not in reachable]
+            if hidden:
+                self.stage_root = f"/run/{_CGROUP_NAME}-{uuid.uuid4().hex[:10]}"
+                os.makedirs(self.stage_root, mode=0o755)
+                for i, path in enumerate(hidden):
+                    target = os.path.join(self.stage_root, str(i))
+                    os.mkdir(target, 0o755)
+                    self.staged[path] = target
+        return self
+
+    def __exit__(self, *exc):
+        if self.stage_root:
+            shutil.rmtree(self.stage_root, ignore_errors=True)
+
+    def source(self, host: str) -> str:
+        return self.staged.get(host, host)
+
+
+def _reachable(path: str, uid: int) -> bool:
+    """Whether ``uid`` (with no supplementary group) can traverse to ``path`` and read it."""
+    parts = Path(path).parts
+    current = Path("/")
+    for part in parts[1:]:
+        current = current / part
+        try:
+            st = current.stat()
+        except OSError:
+            return False
+        mode = st.st_mode
+        bit = 0o100 if st.st_uid == uid else 0o001
+        if not mode & bit:
+            return False
+    return True
+
+
+def _bwrap_argv(mounts: _Mounts, files: list[tuple[int, str]], limits: Limits, env: dict) -> list[str]:
+    argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+            "--cap-drop", "ALL", "--clearenv", "--hostname", "sandbox",
+            "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev",
+            "--size", str(limits.disk_bytes), "--tmpfs", "/tmp",
+            "--size", str(limits.disk_bytes), "--tmpfs", "/sandbox", "--dir", WORK]
+    for top in ("bin", "sbin", "lib", "lib64", "lib32"):
+        link = Path("/") / top
+        if link.is_symlink():
+            argv += ["--symlink", os.readlink(link), f"/{top}"]
+        elif link.is_dir():
+            argv += ["--ro-bind", str(link), f"/{top}"]
+    for name in _ETC:
+        if (Path("/etc") / name).exists():
+            argv += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+    for host, inside in mounts.view.items():
+        argv += ["--ro-bind", mounts.source(host), inside]
+    if os.path.exists("/dev/nvidia0"):  # the GPUs, where there are some
+        for dev in sorted(Path("/dev").glob("nvidia*")):
+            argv += ["--dev-bind", str(dev), str(dev)]
+        argv += ["--ro-bind", "/sys", "/sys"]
+    for fd, name in files:
+        argv += ["--file", str(fd), f"{WORK}/{name}"]
+    for key, value in env.items():
+        argv += ["--setenv", key, value]
+    return argv + ["--chdir", WORK]
+
+
+class _Cgroups:
+    """The whole submission's memory and process caps, where the machine has cgroups we may write."""
+
+    def __init__(self, limits: Limits, token: str):
+        self.dirs: list[Path] = []
+        self.caps: list[str] = []
+        if os.geteuid() != 0:
+            return
+        v2 = Path("/sys/fs/cgroup/cgroup.controllers")
+        if v2.exists():
+            self._v2(Path("/sys/fs/cgroup"), limits, token)
+            return
+        for controller, setting, value, words in (
+                ("memory", "memory.limit_in_bytes", limits.total_memory_bytes,
+                 f"memory {limits.total_memory_bytes >> 20} MiB for the whole submission"),
+                ("pids", "pids.max", limits.max_processes, f"{limits.max_processes} processes and threads")):
+            root = Path("/sys/fs/cgroup") / controller
+            if not (root / "cgroup.procs").exists():
+                continue
+            group = root / _CGROUP_NAME / token
+            try:
+                group.mkdir(parents=True)
+                (group / setting).write_text(str(value))
+                if controller == "memory" and (group / "memory.memsw.limit_in_bytes").exists():
+                    (group / "memory.memsw.limit_in_bytes").write_text(str(value))  # no escape into swap
+            except OSError:
+                _rmdir(group)
+                continue
+            self.dirs.append(group)
+            self.caps.append(words + f" (cgroup v1 {controller})")
+
+    def _v2(self, root: Path, limits: Limits, token: str) -> None:
+        parent = root / _CGROUP_NAME
+        try:
+            parent.mkdir(exist_ok=True)
+            (root / "cgroup.subtree_control").write_text("+memory +pids")
+            (parent / "cgroup.subtree_control").write_text("+memory +pids")
+            group = parent / token
+            group.mkdir()
+            (group / "memory.max").write_text(str(limits.total_memory_bytes))
+            (group / "pids.max").write_text(str(limits.max_processes))
+        except OSError:
+            return
+        self.dirs.append(group)
+        self.caps += [f"memory {limits.total_memory_bytes >> 20} MiB for the whole submission (cgroup v2)",
+                      f"{limits.max_processes} processes and threads (cgroup v2)"]
+
+    def join(self) -> None:
+        """In the launched child, before it drops privileges: put it (and so all it starts) in the groups."""
+        for group in self.dirs:
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+
+    def close(self) -> None:
+        for group in self.dirs:
+            _kill_until_gone(lambda: _pids_in(group))
+            _rmdir(group)
+
+
+def whole_submission_caps() -> list[str]:
+    """The caps on a whole submission this machine gives (made and removed again to find out)."""
+    groups = _Cgroups(Limits(), uuid.uuid4().hex)
+    groups.close()
+    return groups.caps
+
+
+def _pids_in(group: Path) -> list[int]:
+    try:
+        return [int(p) for p in (group / "cgroup.procs").read_text().split()]
+    except OSError:
+        return []
+
+
+def _rmdir(group: Path) -> None:
+    for _ in range(20):
+        try:
+            group.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
+class _Launch:
+    """What the launched process does between fork and exec: cgroups, private staging mounts, rlimits,
+    then the sandbox's uid. Everything it needs is prepared before the fork."""
+
+    def __init__(self, uid: int | None, cgroups: _Cgroups | None, limits: Limits, mounts: _Mounts):
+        import ctypes
+        self.ctypes, self.libc = ctypes, ctypes.CDLL(None, use_errno=True)
+        self.uid, self.cgroups, self.limits, self.mounts = uid, cgroups, limits, mounts
+        self.cuda = os.path.exists("/dev/nvidia0")
+
+    def child(self) -> None:
+        self.libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: a killed grader takes its sandboxes along
+        if self.cgroups:
+            self.cgroups.join()
+        if self.mounts.staged:
+            if self.libc.unshare(0x00020000) != 0:  # CLONE_NEWNS: the staging mounts stay private
+                raise OSError(self.ctypes.get_errno(), "unshare(CLONE_NEWNS) for the staging mounts")
+            self.libc.mount(b"none", b"/", None, 0x40000 | 0x4000, None)  # MS_PRIVATE | MS_REC
+            for host, stage in self.mounts.staged.items():
+                if self.libc.mount(host.encode(), stage.encode(), None, 0x1000 | 0x4000, None) != 0:  # MS_BIND|MS_REC
+                    raise OSError(f"cannot stage {host}")
+        limits = self.limits
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        cap = min(limits.open_files, hard) if hard != resource.RLIM_INFINITY else limits.open_files
+        resource.setrlimit(resource.RLIMIT_NOFILE, (cap, cap))
+        if not self.cuda:  # the CUDA runtime reserves far more address space than it uses
+            resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+        if self.uid is not None:
+            os.setgroups([])
+            os.setresgid(self.uid, self.uid, self.uid)
+            os.setresuid(self.uid, self.uid, self.uid)
+            self.libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: bwrap reads its own /proc/self/fd
+
+
+# Runs inside, as the command's parent: the command's own output goes nowhere, and at the end the
+# kept files go to standard output as a tar stream (a submission can only forge its own results).
+_SUPERVISOR = r"""
+import io, os, subprocess, sys, tarfile
+keep, cap = sys.argv[1].splitlines(), int(sys.argv[2])
+code = subprocess.call(sys.argv[3:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+out = os.fdopen(1, "wb")
+out.write(b"\n--course-sandbox-files--\n")
+with tarfile.open(fileobj=out, mode="w|") as tar:
+    for name in keep:
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
             continue
-        if done.returncode == 0:
-            return mode
-    return "none"
+        with os.fdopen(fd, "rb") as f:
+            if not os.path.isfile(f"/proc/self/fd/{f.fileno()}"):
+                continue
+            data = f.read(cap)
+        info = tarfile.TarInfo(os.path.basename(name))
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+out.flush()
+os._exit(code if 0 <= code < 256 else 1)
+"""
 
 
 def run(command: list[str], workdir: Path, keep: list[str], outdir: Path, limits: Limits,
-        env: dict | None = None, mode: str | None = None) -> Result:
-    """Run ``command`` in ``workdir`` under ``limits``; copy the files named in ``keep`` to ``outdir``.
+        env: dict | None = None, mode: str | None = None, view: dict | None = None) -> Result:
+    """Run ``command`` on a copy of the files in ``workdir``; the files named in ``keep`` come back in ``outdir``.
 
-    ``workdir`` starts with the files already in it (copied into the tmpfs when namespaces are used).
+    ``view``: host folder -> path inside, bound read-only (the learner bundle, for instance). The
+    command runs in ``/sandbox/work`` (with ``mode="none"``, in ``workdir`` itself, unprotected).
     """
     mode = isolation_mode() if mode is None else mode
-    token = uuid.uuid4().hex
     outdir.mkdir(parents=True, exist_ok=True)
-    plan = {"command": command, "workdir": str(workdir), "keep": keep, "outdir": str(outdir),
-            "limits": limits.__dict__, "env": dict(env or {}), "token": token, "mode": mode}
-    plan_file = outdir / ".sandbox-plan.json"
-    plan_file.write_text(json.dumps(plan))
-    launcher = [sys.executable, "-m", "assessment.sandbox", str(plan_file)]
-    if mode == "namespaces":
-        launcher = _UNSHARE + launcher
-    elif mode == "user-namespaces":
-        launcher = _UNSHARE[:1] + ["--user", "--map-root-user"] + _UNSHARE[1:] + launcher
+    token = uuid.uuid4().hex
+    base_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "USER": "learner", MARKER: token}
+    for name in ("CUDA_VISIBLE_DEVICES", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+        if name in os.environ:
+            base_env[name] = os.environ[name]
+    if mode == "none":
+        return _run_unprotected(command, Path(workdir), keep, outdir, limits, {**base_env, **(env or {})}, token)
+    inside_env = {**base_env, "HOME": WORK, "TMPDIR": "/tmp", "IPYTHONDIR": f"{WORK}/.ipython",
+                  "JUPYTER_RUNTIME_DIR": f"{WORK}/.jupyter-runtime", "MPLCONFIGDIR": f"{WORK}/.matplotlib",
+                  **(env or {})}
     start = time.monotonic()
-    errors = outdir / ".sandbox-errors"  # the supervisor's own (the command's output goes nowhere)
-    with open(errors, "wb") as stderr:
-        process = subprocess.Popen(launcher, cwd=REPO, start_new_session=True, stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.DEVNULL, stderr=stderr,
-                                   env={**os.environ, MARKER: token}, preexec_fn=_die_with_parent)
-    timed_out = False
+    missing = [host for host in (view or {}) if not Path(host).is_dir()]
+    if missing:
+        return Result(None, False, 0.0, mode, f"the sandbox could not start: {missing[0]} (to be shown at "
+                                              f"{view[missing[0]]}) is not a folder")
+    inputs = [p for p in sorted(Path(workdir).iterdir()) if p.is_file()]
+    files = [(os.open(p, os.O_RDONLY | os.O_CLOEXEC), p.name) for p in inputs]
+    cgroups = _Cgroups(limits, token)
+    caps = [f"CPU {limits.cpu_s} s, address space {limits.memory_bytes >> 20} MiB, files {limits.file_bytes >> 20} "
+            f"MiB and {limits.open_files} open, per process", f"work folder and /tmp {limits.disk_bytes >> 20} MiB each",
+            f"wall clock {limits.wall_s:.0f} s"] + (cgroups.caps or ["no cgroup: no cap on the whole submission's "
+                                                                     "memory or process count"])
+    cap = len(keep) * limits.file_bytes + (1 << 20)
     try:
-        process.wait(limits.wall_s + 60)  # the init enforces wall_s itself; this is the backstop
-    except subprocess.TimeoutExpired:
-        _kill_group(process.pid)
-        process.wait()
-        timed_out = True
-    sweep(token)
-    plan_file.unlink(missing_ok=True)
-    status_file = outdir / ".sandbox-status.json"
-    status = json.loads(status_file.read_text()) if status_file.exists() else {}
-    status_file.unlink(missing_ok=True)
+        with _Mounts(view) as mounts:
+            argv = _bwrap_argv(mounts, files, limits, inside_env)
+            argv += ["--", sys.executable, "-I", "-c", _SUPERVISOR, "\n".join(keep), str(limits.file_bytes), *command]
+            launch = _Launch(sandbox_uid(), cgroups, limits, mounts)
+            for fd, _ in files:
+                os.set_inheritable(fd, True)
+            try:
+                process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                           stderr=subprocess.PIPE, pass_fds=[fd for fd, _ in files],
+                                           start_new_session=True, preexec_fn=launch.child)
+            except (OSError, subprocess.SubprocessError) as error:
+                return Result(None, False, time.monotonic() - start, mode,
+                              f"the sandbox could not start: {type(error).__name__}: {error}", caps)
+            stdout, stderr = _Capped(process.stdout, cap), _Capped(process.stderr, 64 << 10)
+            timed_out = False
+            try:
+                process.wait(limits.wall_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _kill_group(process.pid)
+                process.wait()
+            stdout.join(), stderr.join()
+    finally:
+        for fd, _ in files:
+            os.close(fd)
+        cgroups.close()
+    returncode = None if timed_out else process.returncode
     failure = ""
-    if not status and not timed_out:
-        lines = errors.read_bytes()[-4000:].decode(errors="replace").strip().splitlines()
-        failure = (f"the sandbox's supervisor ({mode}) exited with {process.returncode} before the command "
-                   f"ended: {lines[-1] if lines else 'no error output'}")
-    errors.unlink(missing_ok=True)
-    return Result(status.get("returncode"), status.get("timed_out", timed_out), time.monotonic() - start, mode,
-                  failure)
+    found = _untar(stdout.data, keep, outdir, limits.file_bytes)
+    if not timed_out and not found and stderr.data.startswith(b"bwrap:"):
+        failure = f"bwrap could not start the sandbox: {stderr.data.decode(errors='replace').strip()[:300]}"
+    return Result(returncode, timed_out, time.monotonic() - start, mode, failure, caps)
 
 
-def _die_with_parent() -> None:
-    """If the grader is killed, its sandboxes go too (``unshare --kill-child`` then ends the rest)."""
+class _Capped(threading.Thread):
+    """Reads a pipe to its end, keeping at most ``cap`` bytes (the rest is read and dropped)."""
+
+    def __init__(self, pipe, cap: int):
+        super().__init__(daemon=True)
+        self.pipe, self.cap, self.data = pipe, cap, b""
+        self.start()
+
+    def run(self):
+        kept = io.BytesIO()
+        while chunk := self.pipe.read(1 << 16):
+            room = self.cap - kept.tell()
+            if room > 0:
+                kept.write(chunk[:room])
+        self.data = kept.getvalue()
+
+
+def _untar(data: bytes, keep: list[str], outdir: Path, cap: int) -> bool:
+    """Write the kept files found after the last marker; anything odd in the stream is ignored."""
+    at = data.rfind(_TAR_MARK)
+    if at < 0:
+        return False
+    wanted = {Path(name).name for name in keep}
     try:
-        import ctypes
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux: the sweep at the end of each run still applies
+        with tarfile.open(fileobj=io.BytesIO(data[at + len(_TAR_MARK):]), mode="r|") as tar:
+            for member in tar:
+                if member.isfile() and member.name in wanted and member.size <= cap:
+                    (outdir / member.name).write_bytes(tar.extractfile(member).read(cap))
+    except (tarfile.TarError, OSError, EOFError):
+        pass
+    return True
 
 
 def _kill_group(pgid: int) -> None:
@@ -127,25 +447,6 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def marked_pids(token: str) -> list[int]:
-    """Processes whose environment carries this run's marker: those that left the session too."""
-    needle = f"{MARKER}={token}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
-def sweep(token: str) -> None:
-    _kill_until_gone(lambda: marked_pids(token))
 
 
 def _kill_until_gone(find_pids) -> None:
@@ -161,130 +462,49 @@ def _kill_until_gone(find_pids) -> None:
         time.sleep(0.2)
 
 
-# --- inside: the init process of the namespaces (or a plain supervisor without them) -------------
+# --- no boundary: a learner grading their own notebook -----------------------------------------------
 
-def _set_limits(limits: dict, cuda: bool) -> None:
-    os.setsid()
-    resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_s"], limits["cpu_s"]))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_bytes"], limits["file_bytes"]))
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    cap = min(limits["open_files"], hard) if hard != resource.RLIM_INFINITY else limits["open_files"]
-    resource.setrlimit(resource.RLIMIT_NOFILE, (cap, cap))
-    if not cuda:  # the CUDA runtime reserves far more address space than it uses
-        resource.setrlimit(resource.RLIMIT_AS, (limits["memory_bytes"], limits["memory_bytes"]))
-
-
-def _loopback_up() -> None:
-    """Bring the new network namespace's loopback up (the engines talk over 127.0.0.1), with the
-    SIOCGIFFLAGS/SIOCSIFFLAGS ioctls rather than iproute2's ``ip``, which a machine may not have."""
-    import fcntl
-    import socket
-    import struct
-    get_flags, set_flags, up = 0x8913, 0x8914, 0x1
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        request = struct.pack("16sH14x", b"lo", 0)
-        flags = struct.unpack("16sH14x", fcntl.ioctl(s, get_flags, request))[1]
-        fcntl.ioctl(s, set_flags, struct.pack("16sH14x", b"lo", flags | up))
-
-
-def _prepare_namespaces(workdir: Path, disk_bytes: int) -> None:
-    _loopback_up()
-    staged = Path(f"/tmp/.sandbox-stage-{os.getpid()}-{uuid.uuid4().hex[:6]}")
-    shutil.copytree(workdir, staged)            # the files the command starts with
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={disk_bytes},mode=0755", "tmpfs", str(workdir)], check=True)
-    for item in staged.iterdir():
-        shutil.move(str(item), workdir / item.name)
-    staged.rmdir()
-    # Read-only view of the course: a submission cannot edit the grader or the checks it runs.
-    subprocess.run(["mount", "--bind", str(REPO), str(REPO)], check=False, capture_output=True)
-    subprocess.run(["mount", "-o", "remount,bind,ro", str(REPO)], check=False, capture_output=True)
-
-
-def _become_subreaper() -> None:
-    """Make orphaned descendants ours (Linux PR_SET_CHILD_SUBREAPER), not init's: a process that left
-    the session and cleared its environment is still found among our descendants."""
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # 36 = PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        pass
-
-
-def descendants(root: int) -> list[int]:
-    """Every process below ``root`` in the parent tree, read from /proc/*/stat."""
-    children: dict[int, list[int]] = {}
+def marked_pids(token: str) -> list[int]:
+    """Processes whose environment carries this run's marker."""
+    needle = f"{MARKER}={token}".encode()
+    found = []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parent = int(stat[stat.rindex(")") + 2:].split()[1])  # the name in (...) may hold spaces
-            children.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [root]
-    while todo:
-        for pid in children.get(todo.pop(), []):
-            found.append(pid)
-            todo.append(pid)
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
     return found
 
 
-def _kill_all_but_me(child: subprocess.Popen, token: str, in_namespace: bool) -> None:
-    if in_namespace:
-        try:
-            os.kill(-1, signal.SIGKILL)  # as PID 1 of the namespace: every other process in it
-        except ProcessLookupError:
-            pass
-    _kill_group(child.pid)
-    # As subreaper, orphans are our descendants, whatever their session or environment.
-    _kill_until_gone(lambda: descendants(os.getpid()))
-    sweep(token)
-    while True:  # reap: as init, orphans are ours
-        try:
-            if os.waitpid(-1, os.WNOHANG) == (0, 0):
-                break
-        except ChildProcessError:
-            break
-
-
-def _copy_out(workdir: Path, keep: list[str], outdir: Path, cap: int) -> None:
+def _run_unprotected(command, workdir: Path, keep, outdir: Path, limits: Limits, env: dict, token: str) -> Result:
+    """Limits, a session of its own and a sweep of what carries its marker: no protection from hostile code."""
+    start = time.monotonic()
+    env = {**env, "HOME": str(workdir), "TMPDIR": str(workdir), "IPYTHONDIR": str(workdir / ".ipython"),
+           "JUPYTER_RUNTIME_DIR": str(workdir / ".jupyter-runtime"), "MPLCONFIGDIR": str(workdir / ".matplotlib"),
+           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    env = {k: v for k, v in env.items() if v}
+    launch = _Launch(None, None, limits, _Mounts())
+    try:
+        process = subprocess.Popen(command, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=launch.child)
+    except OSError as error:
+        return Result(None, False, 0.0, "none", f"the command could not start: {error}")
+    timed_out = False
+    try:
+        process.wait(limits.wall_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(process.pid)
+        process.wait()
+    _kill_group(process.pid)
+    _kill_until_gone(lambda: marked_pids(token))
     for name in keep:
         source = workdir / name
         if source.is_file() and not source.is_symlink():
-            with open(source, "rb") as src, open(outdir / Path(name).name, "wb") as dst:
-                dst.write(src.read(cap))
-
-
-def supervise(plan_file: str) -> None:
-    plan = json.loads(Path(plan_file).read_text())
-    limits, workdir, outdir = plan["limits"], Path(plan["workdir"]), Path(plan["outdir"])
-    in_namespace = plan["mode"] != "none"
-    if in_namespace:
-        _prepare_namespaces(workdir, limits["disk_bytes"])
-    else:
-        _become_subreaper()
-    cuda = os.path.exists("/dev/nvidia0")
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(workdir), "TMPDIR": str(workdir),
-           "IPYTHONDIR": str(workdir / ".ipython"), "JUPYTER_RUNTIME_DIR": str(workdir / ".jupyter-runtime"),
-           "MPLCONFIGDIR": str(workdir / ".matplotlib"), "LANG": "C.UTF-8", MARKER: plan["token"],
-           **plan["env"]}
-    for name in ("CUDA_VISIBLE_DEVICES", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
-        if name in os.environ:
-            env.setdefault(name, os.environ[name])
-    start = time.monotonic()
-    child = subprocess.Popen(plan["command"], cwd=workdir, env=env, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             preexec_fn=lambda: _set_limits(limits, cuda))
-    timed_out = False
-    try:
-        returncode = child.wait(limits["wall_s"])
-    except subprocess.TimeoutExpired:
-        returncode, timed_out = None, True
-    _kill_all_but_me(child, plan["token"], in_namespace)
-    _copy_out(workdir, plan["keep"], outdir, limits["file_bytes"])
-    (outdir / ".sandbox-status.json").write_text(json.dumps(
-        {"returncode": returncode, "timed_out": timed_out, "seconds": time.monotonic() - start}))
-
-
-if __name__ == "__main__":
-    supervise(sys.argv[1])
+            with open(source, "rb") as src:
+                (outdir / Path(name).name).write_bytes(src.read(limits.file_bytes))
+    return Result(None if timed_out else process.returncode, timed_out, time.monotonic() - start, "none",
+                  caps=["per-process limits only: no boundary (the submission runs as you)"])
