@@ -10,6 +10,7 @@ LAB_ARGS ?=
 PYTEST_ARGS ?=
 SUBMISSIONS ?=
 JOBS ?= 1
+GRADE_ARGS ?=
 
 .PHONY: help venv lab test release course grade slides
 
@@ -52,4 +53,4 @@ slides: $(STAMP)
 
 grade: $(STAMP)
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=folder-of-notebooks [JOBS=2]"; exit 2; }
-	$(BIN)/python -m assessment.grade "$(SUBMISSIONS)" --jobs $(JOBS) --out build/grades
+	$(BIN)/python -m assessment.grade "$(SUBMISSIONS)" --jobs $(JOBS) --out build/grades $(GRADE_ARGS)

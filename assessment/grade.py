@@ -4,22 +4,30 @@
     python -m assessment.grade folder [--jobs 2] [--out build/grades] [--quick]
 
 For each ``.ipynb`` (sorted by name), the grader rebuilds the notebook around the learner's cells
-(``assessment.submission``), runs it in a sandbox (``assessment.sandbox``), runs the learner's
-functions on 2 and 3 fresh ranks in another sandbox (``assessment.probe``), judges the probes'
-results and evaluates the saved model in this process, on held-out images drawn with a seed made
-here and never written anywhere. Writes ``grades.csv`` (one row per submission, one column per
-criterion, ``total``, ``max_total``, empty columns for the written answers), ``feedback/NAME.md``
-and ``executed/NAME.ipynb``.
+(``assessment.submission``), runs it behind the sandbox's boundary (``assessment.sandbox``), runs the
+learner's functions on 2 and 3 fresh ranks in another sandbox (``assessment.probe``), then judges
+the probes' results (``assessment.verdicts``) and evaluates the saved model (``assessment.model_file``)
+in this process, on held-out images drawn with a seed made here and never written anywhere. The
+sandboxes see the grading view of the learner bundle (``utils.release``), never this repository.
+Writes ``grades.csv`` (one row per submission, one column per criterion, ``total``, ``max_total``,
+empty columns for the written answers; rewritten after every submission), ``feedback/NAME.md`` and
+``executed/NAME.ipynb``. Any error while grading one submission is that submission's row (0 points,
+with the reason) and the batch goes on; the exit status is then 1 and the rows are named.
+
+Where bwrap cannot make the boundary, the grader refuses untrusted work and says what to install;
+``--trust-submissions`` grades anyway, for a learner checking their own notebook.
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import os
 import secrets
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -30,6 +38,8 @@ import nbformat
 from . import sandbox
 from .probe import CRITERIA as PROBED  # the criteria the probe's ranks decide
 from .submission import SubmissionError, restore
+
+COURSE = "/course"   # where the sandboxes see the grading view of the learner bundle
 
 PROBE_WORLDS = (2, 3)
 BASELINE_CELL, RUN_CELL = "asmt-03", "asmt-20"   # the one-process baseline, and the run that counts
@@ -43,6 +53,7 @@ class Grade:
     reasons: dict[str, str] = field(default_factory=dict)  # criterion -> why it failed (or a note when passed)
     notes: list[str] = field(default_factory=list)
     ran: bool = False
+    failed: str = ""   # the grader could not grade it: why
 
 
 def _criteria():
@@ -51,25 +62,21 @@ def _criteria():
 
 
 def evaluate_model(path: Path, seed: int) -> tuple[float | None, str]:
-    """Accuracy of the saved state_dict on fresh held-out images, or None and the reason."""
+    """Accuracy of the saved state_dict on fresh held-out images, or None and the reason.
+
+    The file is untrusted: ``model_file`` checks the archive and loads it in a memory-limited process."""
     import torch
 
     from utils import data, models
-    from . import settings
+    from . import model_file, settings
     if not path.exists():
         return None, "your notebook saved no model file (settings.MODEL_FILE): the run that counts did not finish"
+    model = models.CNN((1, 28, 28))
+    expected = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
     try:
-        state = torch.load(path, weights_only=True, map_location="cpu")  # tensors only: no code is unpickled
-    except Exception as error:
-        return None, f"the saved model file could not be read as a state_dict ({type(error).__name__})"
-    shape = (1, 28, 28)
-    model = models.CNN(shape)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    got = {k: tuple(v.shape) for k, v in state.items()} if isinstance(state, dict) and all(
-        isinstance(v, torch.Tensor) for v in state.values()) else None
-    if got != expected:
-        return None, ("the saved file is not the assessment CNN's state_dict (its keys or shapes differ): save "
-                      "model.module.state_dict() of the model make_model() built")
+        state = model_file.load_state_dict(path, expected)
+    except model_file.ModelFileError as error:
+        return None, f"the saved model file was refused: {error}"
     model.load_state_dict(state)
     fresh = data.shapes(num_samples=settings.EVAL_SIZE * 5 // 4 // 10 * 10, seed=seed)
     model.eval()
@@ -93,9 +100,9 @@ def _load_probe(out: Path, world: int) -> list[dict] | str:
     return results
 
 
-def judge_probes(out: Path) -> dict[str, str | None]:
+def judge_probes(out: Path, secret: int) -> dict[str, str | None]:
     """Criterion -> None when it holds on every probed world size, else the first reason it fails."""
-    from . import criteria
+    from . import verdicts as judges
     verdicts: dict[str, str | None] = {}
     for world in PROBE_WORLDS:
         results = _load_probe(out, world)
@@ -112,43 +119,49 @@ def judge_probes(out: Path) -> dict[str, str | None]:
             if errors:
                 verdicts[name] = f"on {world} ranks {errors[0]}"
                 continue
-            judge = {"sharding": lambda r: criteria.judge_sharding(r, 4 * world),
-                     "ddp_step": lambda r: criteria.judge_ddp_step(r, criteria.reference_step(seed_of(out), world)),
-                     "metrics": lambda r: criteria.judge_metrics(r, seed_of(out)), "training_job": criteria.judge_job}[name]
             try:
-                verdicts[name] = judge(mine)
+                verdicts[name] = judges.judge(name, mine, secret)
             except Exception as error:  # malformed results (a submission that wrote its own): not passed
                 verdicts[name] = f"on {world} ranks the results were malformed ({type(error).__name__}: {error})"
     return verdicts
 
 
-def seed_of(out: Path) -> int:
-    return int((out / "probe-seed").read_text())
-
-
 def grade_one(path: Path, out: Path, options: argparse.Namespace) -> Grade:
-    from . import settings
+    """Grade one submission; whatever goes wrong becomes this submission's row, never the batch's end."""
     grade = Grade(path.stem)
+    grade.points = {name: 0 for name in _criteria()}
+    try:
+        _grade(path, out, options, grade)
+    except Exception as error:  # noqa: BLE001 - one submission must never cost the class its grades
+        grade.points = {name: 0 for name in _criteria()}
+        grade.failed = f"the grader could not grade this notebook: {type(error).__name__}: {error}"[:500]
+        grade.reasons = {name: grade.failed for name in _criteria()}
+        print(f"grader: {path.name}: {grade.failed}", file=sys.stderr)
+    return grade
+
+
+def _grade(path: Path, out: Path, options: argparse.Namespace, grade: Grade) -> None:
+    from . import settings
     criteria = _criteria()
-    grade.points = {name: 0 for name in criteria}
     try:
         submission = restore(path)
     except SubmissionError as error:
         grade.reasons = {name: str(error) for name in criteria}
-        return grade
+        return
     grade.notes = submission.notes
-    scratch = Path(tempfile.mkdtemp(prefix="course-grade-"))
+    scratch = Path(tempfile.mkdtemp(prefix="course-grade-"))   # private to the grader (0700)
     try:
-        limits = sandbox.Limits(wall_s=options.notebook_timeout)
-        env = {"COURSE_QUICK": "1" if options.quick else "0"}
+        env = {"COURSE_QUICK": "1" if options.quick else "0", "PYTHONPATH": options.course}
+        view = {options.course_dir: options.course} if options.course_dir else None
         work, ran = scratch / "notebook", scratch / "notebook-out"
         work.mkdir()
-        nbformat.write(submission.restored, work / "submission.ipynb")
+        nbformat.write(without_checks(submission.restored), work / "submission.ipynb")
         command = [sys.executable, "-m", "assessment.run_notebook", "submission.ipynb", "executed.ipynb",
                    "status.json", str(options.cell_timeout)]
-        result = sandbox.run(command, work, ["executed.ipynb", "status.json", settings.MODEL_FILE], ran, limits, env)
+        result = sandbox.run(command, work, ["executed.ipynb", "status.json", settings.MODEL_FILE], ran,
+                             sandbox.Limits(wall_s=options.notebook_timeout), env, options.mode, view)
         status = _status(ran / "status.json")
-        grade.ran = bool(status.get("completed"))
+        grade.ran = result.returncode == 0 and not result.timed_out and (ran / "executed.ipynb").exists()
         run_problem = _run_problem(status, result, options)
         errors = status.get("cell_errors", [])
         grade.notes += [f"cell {e['cell']} raised {e['message']}" for e in errors[:5]]
@@ -156,25 +169,24 @@ def grade_one(path: Path, out: Path, options: argparse.Namespace) -> Grade:
             grade.notes.append(f"... and {len(errors) - 5} more cells raised errors")
         if (ran / "executed.ipynb").exists():
             (out / "executed").mkdir(parents=True, exist_ok=True)
-            shutil.copy(ran / "executed.ipynb", out / "executed" / f"{path.stem}.ipynb")
+            shutil.copy(ran / "executed.ipynb", out / "executed" / f"{_safe_name(path.stem)}.ipynb")
 
         probe_work, probe_out = scratch / "probe", scratch / "probe-out"
         probe_work.mkdir()
         (probe_work / "learner.py").write_text(submission.code)
-        seed = secrets.randbelow(2**31)
+        secret = secrets.randbelow(2**31)
         keep = [f"results/world{w}_rank{r}.pt" for w in PROBE_WORLDS for r in range(w)]
         per_world = options.probe_timeout / len(PROBE_WORLDS)
-        (probe_work / "seed").write_text(str(seed))   # read and deleted by the probe before any learner code runs
+        (probe_work / "seed").write_text(str(secret))   # read and deleted by the probe before any learner code runs
         probed = sandbox.run([sys.executable, "-m", "assessment.probe", "learner.py", "results", "seed",
                               str(per_world), *map(str, PROBE_WORLDS)], probe_work, keep, probe_out,
-                             sandbox.Limits(wall_s=options.probe_timeout + 30), env)
-        (probe_out / "probe-seed").write_text(str(seed))
+                             sandbox.Limits(wall_s=options.probe_timeout + 30), env, options.mode, view)
         if probed.failure:
             print(f"grader: {probed.failure}", file=sys.stderr)
             verdicts = {name: f"the grader could not run the checks of your functions (not your code's fault; tell "
                               f"your instructor): {probed.failure}" for name in PROBED}
         else:
-            verdicts = judge_probes(probe_out)
+            verdicts = judge_probes(probe_out, secret)
         for name, reason in verdicts.items():
             grade.points[name] = criteria[name][0] if reason is None else 0
             if reason:
@@ -186,7 +198,7 @@ def grade_one(path: Path, out: Path, options: argparse.Namespace) -> Grade:
         elif accuracy < settings.TARGET:
             grade.reasons["target"] = (f"your saved model reached {accuracy:.3f} on {settings.EVAL_SIZE} fresh held-out "
                                        f"images; the target is {settings.TARGET:.2f}")
-        elif (over := _over_time_budget(status, submission.code_cells)) is not None:
+        elif (over := _over_time_budget(result.seconds, options)) is not None:
             grade.reasons["target"] = over
         else:
             grade.points["target"] = criteria["target"][0]
@@ -195,15 +207,35 @@ def grade_one(path: Path, out: Path, options: argparse.Namespace) -> Grade:
             grade.notes.insert(0, run_problem)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return grade
+
+
+def without_checks(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The notebook the grader runs: its check cells are left out (the probes judge the same criteria, and
+    the judges are not in the sandbox)."""
+    nb = nbformat.from_dict(nb)
+    nb.cells = [c for c in nb.cells if not (c.cell_type == "code" and "check_on_engines(" in c.source)]
+    return nb
 
 
 def _status(path: Path) -> dict:
+    """The notebook runner's report: written inside the sandbox, so only its well-formed parts are kept,
+    for the feedback's notes (no point and no time depends on it)."""
     import json
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        raw = json.loads(path.read_text()[:1 << 20])
+    except (OSError, ValueError, RecursionError):
         return {}
+    if not isinstance(raw, dict):
+        return {}
+    status = {"completed": raw.get("completed") is True}
+    error = raw.get("error")
+    if isinstance(error, dict):
+        status["error"] = {k: str(error.get(k, ""))[:300] for k in ("cell", "message")}
+    errors = raw.get("cell_errors")
+    if isinstance(errors, list):
+        status["cell_errors"] = [{k: str(e.get(k, ""))[:300] for k in ("cell", "message")}
+                                 for e in errors[:50] if isinstance(e, dict)]
+    return status
 
 
 def _run_problem(status: dict, result: sandbox.Result, options) -> str:
@@ -220,23 +252,38 @@ def _run_problem(status: dict, result: sandbox.Result, options) -> str:
     return ""
 
 
-def _over_time_budget(status: dict, owned: list[str]) -> str | None:
-    """Where every worker has a GPU, the data-parallel job must also be fast: the run cell and every cell
-    the learner wrote (training could hide in one) take at most TIME_FACTOR x the baseline cell's time.
+def _over_time_budget(seconds: float, options) -> str | None:
+    """Where every worker has a GPU, the data-parallel job must also be fast: the whole notebook run, timed
+    by the grader outside the sandbox, may take at most TIME_FACTOR x the instructor edition's run, timed
+    the same way on the same machine in the same batch. Elsewhere the engines share the CPU cores, and
+    time says little about the learner's code: no budget."""
+    from . import settings
+    reference = options.reference_seconds() if options.reference_seconds else None
+    if not reference or seconds <= settings.TIME_FACTOR * reference:
+        return None
+    return (f"on this machine's GPUs your notebook took {seconds:.1f} s, more than {settings.TIME_FACTOR} x the "
+            f"{reference:.1f} s of the course's own solution run by the grader in the same batch")
 
-    Elsewhere the engines share the CPU cores, and time says little about the learner's code: no budget.
-    """
+
+def _instructor_seconds(options) -> float | None:
+    """The wall time of the instructor edition's notebook run, measured once per batch (GPU machines only)."""
     import torch
     from . import settings
     if torch.cuda.device_count() < settings.WORKERS:
         return None
-    seconds = {c["id"]: c.get("seconds") or 0.0 for c in status.get("cells", [])}
-    base = seconds.get(BASELINE_CELL)
-    mine = sum(seconds.get(cell, 0.0) for cell in (*owned, RUN_CELL))
-    if base and mine > settings.TIME_FACTOR * base:
-        return (f"on this machine's GPUs your job took {mine:.1f} s (the run cell and your own cells), more than "
-                f"{settings.TIME_FACTOR} x the one-process baseline's {base:.1f} s measured in the same grading run")
-    return None
+    from .submission import INSTRUCTOR
+    scratch = Path(tempfile.mkdtemp(prefix="course-grade-"))
+    try:
+        (scratch / "notebook").mkdir()
+        nbformat.write(without_checks(nbformat.read(INSTRUCTOR, as_version=4)), scratch / "notebook" / "submission.ipynb")
+        env = {"COURSE_QUICK": "1" if options.quick else "0", "PYTHONPATH": options.course}
+        result = sandbox.run([sys.executable, "-m", "assessment.run_notebook", "submission.ipynb", "executed.ipynb",
+                              "status.json", str(options.cell_timeout)], scratch / "notebook", [], scratch / "out",
+                             sandbox.Limits(wall_s=options.notebook_timeout), env, options.mode,
+                             {options.course_dir: options.course} if options.course_dir else None)
+        return result.seconds if result.returncode == 0 else None
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def feedback(grade: Grade) -> str:
@@ -254,19 +301,34 @@ def feedback(grade: Grade) -> str:
     return "\n".join(lines) + "\n"
 
 
+def csv_cell(text: str) -> str:
+    """A cell a spreadsheet shows as text: a leading =, +, -, @, tab or carriage return would make it a
+    formula (OWASP's CSV injection advice: prefix such a cell with a single quote)."""
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
+def _safe_name(stem: str) -> str:
+    """A file name made from a submission's: no path separators, no leading dot."""
+    cleaned = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem).lstrip(".")
+    return cleaned[:120] or "submission"
+
+
 def write_outputs(grades: list[Grade], out: Path) -> Path:
+    """grades.csv and every feedback file, written whole (a temporary file renamed: never half a table)."""
     criteria = _criteria()
     best = sum(p for p, _ in criteria.values())
     (out / "feedback").mkdir(parents=True, exist_ok=True)
     table = out / "grades.csv"
-    with open(table, "w", newline="") as f:
+    partial = out / ".grades.csv.part"
+    with open(partial, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["submission", *criteria, "total", "max_total", *WRITTEN])
+        writer.writerow(["submission", *criteria, "total", "max_total", *WRITTEN, "grader_error"])
         for grade in grades:
-            writer.writerow([grade.name, *(grade.points.get(n, 0) for n in criteria), sum(grade.points.values()),
-                             best, *("" for _ in WRITTEN)])
+            writer.writerow([csv_cell(grade.name), *(grade.points.get(n, 0) for n in criteria),
+                             sum(grade.points.values()), best, *("" for _ in WRITTEN), csv_cell(grade.failed)])
+    partial.replace(table)
     for grade in grades:
-        (out / "feedback" / f"{grade.name}.md").write_text(feedback(grade))
+        (out / "feedback" / f"{_safe_name(grade.name)}.md").write_text(feedback(grade))
     return table
 
 
@@ -279,6 +341,8 @@ def main(argv=None) -> int:
     parser.add_argument("--cell-timeout", type=int, default=300, help="seconds one cell may run")
     parser.add_argument("--notebook-timeout", type=int, default=900, help="seconds the whole notebook may run")
     parser.add_argument("--probe-timeout", type=int, default=300, help="seconds the function probes may run")
+    parser.add_argument("--trust-submissions", action="store_true",
+                        help="grade without the sandbox's boundary where it cannot be made: only for your own notebook")
     options = parser.parse_args(argv)
     os.environ["COURSE_QUICK"] = "1" if options.quick else os.environ.get("COURSE_QUICK", "0")
     options.quick = os.environ["COURSE_QUICK"] == "1"
@@ -290,23 +354,56 @@ def main(argv=None) -> int:
         parser.error(f"no .ipynb file in {options.submissions}")
     if options.jobs < 1:
         parser.error(f"--jobs must be 1 or more, got {options.jobs}")
+    options.mode = sandbox.isolation_mode()
+    if options.mode == "none" and not options.trust_submissions:
+        parser.exit(2, f"grader: refusing to grade untrusted notebooks without the sandbox's boundary: "
+                       f"{sandbox.why_none()}.\nInstall it, or grade on a Linux machine or container that has it. "
+                       f"To check your own notebook only, add --trust-submissions (make grade ... "
+                       f"GRADE_ARGS=--trust-submissions): it then runs as you, unprotected.\n")
     options.out.mkdir(parents=True, exist_ok=True)
     for stale in ("feedback", "executed"):  # an earlier batch's files must not pass for this one's
         shutil.rmtree(options.out / stale, ignore_errors=True)
-    mode = sandbox.isolation_mode()
-    print(f"grading {len(paths)} submission(s), {options.jobs} at a time; isolation: {mode}", file=sys.stderr)
-    from tqdm import tqdm
-    start, grades = time.monotonic(), {}
-    with ThreadPoolExecutor(options.jobs) as pool, tqdm(total=len(paths), unit="submission", file=sys.stderr) as bar:
-        futures = {pool.submit(grade_one, path, options.out, options): path for path in paths}
-        for future in as_completed(futures):
-            grades[futures[future]] = future.result()
-            bar.update()
+    (options.out / "grades.csv").unlink(missing_ok=True)
+    from utils.release import write_release
+    from utils.config import COURSE_ROOT
+    views = Path(tempfile.mkdtemp(prefix="course-grade-view-"))
+    try:
+        if options.mode == "none":   # unprotected: the code runs here, with this repository on its path
+            options.course, options.course_dir = str(COURSE_ROOT), None
+        else:
+            options.course, options.course_dir = COURSE, str(views / "course")
+            write_release(views / "course", for_grading=True)
+        lock = threading.Lock()
+
+        @functools.cache
+        def reference_seconds():
+            with lock:  # measured once per batch, never twice at once
+                return _instructor_seconds(options)
+        options.reference_seconds = reference_seconds
+        caps = sandbox.whole_submission_caps() if options.mode != "none" else []
+        print(f"grading {len(paths)} submission(s), {options.jobs} at a time; isolation: {options.mode}"
+              + (f" as uid {sandbox.sandbox_uid()}" if sandbox.sandbox_uid() is not None else "")
+              + f"; whole-submission caps: {', '.join(caps) if caps else 'none on this machine'}", file=sys.stderr)
+        from tqdm import tqdm
+        start, grades = time.monotonic(), {}
+        with ThreadPoolExecutor(options.jobs) as pool, tqdm(total=len(paths), unit="submission", file=sys.stderr) as bar:
+            futures = {pool.submit(grade_one, path, options.out, options): path for path in paths}
+            for future in as_completed(futures):
+                grades[futures[future]] = future.result()
+                write_outputs([grades[p] for p in paths if p in grades], options.out)  # an interrupted batch keeps these
+                bar.update()
+    finally:
+        shutil.rmtree(views, ignore_errors=True)
     ordered = [grades[p] for p in paths]
     table = write_outputs(ordered, options.out)
     failed = sum(not g.ran for g in ordered)
     print(f"graded {len(ordered)}: {len(ordered) - failed} ran to the end, {failed} failed to run; "
           f"{time.monotonic() - start:.0f} s; {table}", file=sys.stderr)
+    ungraded = [g.name for g in ordered if g.failed]
+    if ungraded:
+        print(f"grader: could not grade {len(ungraded)} submission(s), scored 0 with the reason in grades.csv: "
+              f"{', '.join(ungraded)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -2,14 +2,18 @@
 
     python -m assessment.probe LEARNER_CODE.py OUT_DIR SEED_FILE SECONDS_PER_WORLD [WORLD ...]
 
-The grader starts this inside the sandbox (``assessment.sandbox``). The seed of the probe's data is
-read from SEED_FILE, which is deleted before any learner code runs (it is in no command line or
-environment a submission could read). For each world size, every rank starts a gloo process group,
+The grader starts this inside the sandbox (``assessment.sandbox``). The grader's secret is read from
+SEED_FILE, which is deleted before any learner code runs (it is in no command line, environment or
+file a submission could read). This process then makes itself non-dumpable (no other process of the
+sandbox's user may read its memory) and hands each rank only its own seed
+(``criteria.rank_seed``); each rank makes itself non-dumpable too before the process group forms, so
+by the time any learner code runs, no process it can read holds another rank's data or the secret.
+For each world size, every rank starts a gloo process group,
 defines the names the assessment's engines have (``rank``, ``device``, ``torch``,
 ``DistributedSampler``, ...), executes the learner's code cells, then runs each criterion's
 ``rank_*`` half, saving the results so far to OUT_DIR/world{W}_rank{R}.pt after each one (a
 criterion that hangs costs only itself and those after it). The verdicts are taken later, in the
-grader's own process (``assessment.criteria.judge_*``).
+grader's own process (``assessment.verdicts``, which is not in the sandbox).
 
 The learner's code runs in the rank's own process, so it could replace the functions that produce
 the results. The rank binds its ``rank_*`` functions before that code runs, and ``Guard`` compares
@@ -102,7 +106,15 @@ def _error(error: BaseException) -> dict:
     return {"error": f"your code raised {type(error).__name__}: {error}{where}"}
 
 
-def _rank(rank: int, world: int, port: int, code: str, out: str, seed: int) -> None:
+def _not_dumpable() -> None:
+    """PR_SET_DUMPABLE 0: processes of the same user can no longer read this one's memory or fds."""
+    import ctypes
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+
+
+def _rank(rank: int, world: int, port: int, code: str, out: str, seeds: dict) -> None:
+    """``seeds``: this rank's own seed and the shared one, never another rank's."""
+    _not_dumpable()
     import functools
 
     import torch
@@ -116,10 +128,12 @@ def _rank(rank: int, world: int, port: int, code: str, out: str, seed: int) -> N
     ns = engine_names(rank, world)
     model_path = str(Path(out) / f"job_world{world}.pt")
     # Bound now, before the learner's code runs: replacing criteria.rank_* later changes nothing here.
-    runs = {"sharding": functools.partial(criteria.rank_sharding, ns, 4 * world, seed),
-            "ddp_step": functools.partial(criteria.rank_ddp_step, ns, seed),
-            "metrics": functools.partial(criteria.rank_metrics, ns, seed),
-            "training_job": functools.partial(criteria.rank_job, ns, seed, model_path)}
+    mine, shared = seeds["rank"], seeds["shared"]
+    runs = {"sharding": functools.partial(criteria.rank_sharding, ns, 4 * world, shared),
+            "ddp_step": functools.partial(criteria.rank_ddp_step, ns, mine),
+            "metrics": functools.partial(criteria.rank_metrics, ns, mine),
+            "training_job": functools.partial(criteria.rank_job, ns, shared, model_path)}
+    del seeds, mine
     save, barrier, result_file = torch.save, dist.barrier, Path(out) / f"world{world}_rank{rank}.pt"
     guard = Guard()
     results = {}
@@ -154,10 +168,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_world(world: int, code: str, out: Path, seed: int, seconds: float) -> None:
+def run_world(world: int, code: str, out: Path, secret: int, seconds: float) -> None:
+    from assessment.criteria import SHARED, rank_seed
     context = mp.get_context("spawn")
     port = _free_port()
-    ranks = [context.Process(target=_rank, args=(r, world, port, code, str(out), seed)) for r in range(world)]
+    shared = rank_seed(secret, world, SHARED)
+    ranks = [context.Process(target=_rank, args=(r, world, port, code, str(out),
+                                                 {"rank": rank_seed(secret, world, r), "shared": shared}))
+             for r in range(world)]
     for process in ranks:
         process.start()
     deadline = time.monotonic() + seconds
@@ -174,6 +192,7 @@ def main(argv=None) -> None:
     code_file, out, seed_file, seconds = Path(argv[0]), Path(argv[1]), Path(argv[2]), float(argv[3])
     seed = int(seed_file.read_text())
     seed_file.unlink()  # gone before the ranks start: no learner code can read it
+    _not_dumpable()     # nor this process's memory
     out.mkdir(parents=True, exist_ok=True)
     code = code_file.read_text()
     for world in [int(w) for w in argv[4:]] or [2, 3]:

@@ -3,10 +3,10 @@
     python -m assessment.run_notebook IN.ipynb OUT.ipynb STATUS.json CELL_TIMEOUT_S
 
 Every cell runs, even after one fails, as nbgrader does: a failing check must not cost the run that
-counts. STATUS.json lists every cell that ran (id, seconds) and the cells that failed; the grader
-reads the wall time of the given cells from it (this process is not the learner's kernel, and the
-times are taken here, not in the kernel). Outputs are capped: a cell that prints without end
-fills OUT.ipynb with at most ``OUTPUT_CAP`` bytes, not the grader's memory.
+counts. STATUS.json lists every cell that ran (id, seconds) and the cells that failed; it runs inside
+the sandbox, so the grader takes it as the learner's own report, for the feedback's notes only (no
+point and no time budget depends on it). Outputs are capped, display updates included: a cell that
+prints without end fills OUT.ipynb with at most ``OUTPUT_CAP`` bytes, not the grader's memory.
 """
 from __future__ import annotations
 
@@ -31,13 +31,22 @@ class CappedClient(NotebookClient):
         super().__init__(*args, **kwargs)
         self.kept, self.dropped, self.cells = 0, 0, []
 
-    def output(self, outs, msg, display_id, cell_index):
-        size = len(json.dumps(msg.get("content", {})))
+    def _room_for(self, msg, copies: int = 1) -> bool:
+        size = len(json.dumps(msg.get("content", {}))) * copies
         if self.kept + size > OUTPUT_CAP:
             self.dropped += size
-            return None
+            return False
         self.kept += size
-        return super().output(outs, msg, display_id, cell_index)
+        return True
+
+    def output(self, outs, msg, display_id, cell_index):
+        return super().output(outs, msg, display_id, cell_index) if self._room_for(msg) else None
+
+    def _update_display_id(self, display_id, msg):
+        # An update rewrites every output shown under its display id: each copy counts against the cap.
+        copies = sum(len(indices) for indices in self._display_id_map.get(display_id, {}).values())
+        if self._room_for(msg, max(copies, 1)):
+            super()._update_display_id(display_id, msg)
 
     async def async_execute_cell(self, cell, cell_index, execution_count=None, store_history=True):
         start = time.monotonic()

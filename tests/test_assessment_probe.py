@@ -26,9 +26,8 @@ def verdicts(tmp_path, code: str, monkeypatch, worlds=(3,), seed=1234) -> dict:
     (tmp_path / "seed").write_text(str(seed))
     probe.main([str(tmp_path / "learner.py"), str(out), str(tmp_path / "seed"), "120", *map(str, worlds)])
     assert not (tmp_path / "seed").exists()          # deleted before any learner code ran
-    (out / "probe-seed").write_text(str(seed))
     monkeypatch.setattr(grade, "PROBE_WORLDS", tuple(worlds))
-    return grade.judge_probes(out)
+    return grade.judge_probes(out, seed)
 
 
 def test_the_reference_solution_passes_every_criterion(tmp_path, monkeypatch):

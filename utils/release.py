@@ -6,8 +6,14 @@ between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` (nbgrader's markers) bec
 above the block (a comment right above the block is then dropped, so the hint shows once); lines between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS``
 vanish. In a markdown cell a solution block becomes "YOUR ANSWER HERE".
 
-    python -m utils.release --out build/release     # write the learner edition
+    python -m utils.release --out build/release     # write the learner bundle (what learners get)
+    python -m utils.release --out build/release --lab-solutions   # ... with the labs' instructor editions
     python -m utils.release --workspace workspace   # add missing learner copies, never overwrite
+
+The learner bundle is a self-contained course: the learner editions, the library, the Makefile and
+packaging, the assessment's public modules and the library's own tests, so ``make lab`` and
+``make test`` work in it. It never holds the assessment's instructor edition, model answers, rubric
+or hidden tests (``tests/test_release.py`` scans it for every one of them).
 """
 from __future__ import annotations
 
@@ -76,6 +82,8 @@ def learner_notebook(nb: nbformat.NotebookNode, name: str = "notebook") -> nbfor
     nb = nbformat.from_dict(nb)
     for index, cell in enumerate(nb.cells):
         if cell.cell_type in ("code", "markdown"):
+            if BEGIN_SOLUTION in cell.source:  # the learner's cell: marked, so a learner bundle can be graded
+                cell.metadata["course"] = {"answer": True}
             cell.source = learner_source(cell.source, cell.cell_type, f"{name}, cell {index}")
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
@@ -86,16 +94,58 @@ def source_notebooks(root: Path = COURSE_ROOT) -> list[Path]:
     return sorted(p for folder in SOURCE_FOLDERS for p in (root / folder).glob("*.ipynb"))
 
 
-def write_release(out: Path, root: Path = COURSE_ROOT) -> list[Path]:
-    """Write the learner edition of every source notebook under ``out`` (replaced whole)."""
-    out = Path(out)
+# What the bundle holds besides the notebooks. The assessment's modules are the ones its notebook and
+# the self-check (`make grade` on one's own notebook) need; `verdicts` (the judges and references) is
+# in the bundle, where it checks a learner's own work, but never in the grader's sandbox.
+BUNDLE_FILES = ("Makefile", "pyproject.toml", "environment.yml", "README.md", ".gitignore")
+BUNDLE_FOLDERS = ("utils",)
+ASSESSMENT_MODULES = ("__init__.py", "settings.py", "criteria.py", "verdicts.py", "probe.py", "run_notebook.py",
+                      "submission.py", "grade.py", "sandbox.py", "model_file.py")
+GRADER_ONLY = ("verdicts.py", "grade.py", "sandbox.py", "model_file.py")   # left out of the sandbox's view
+# The library's own tests: none of them holds a lab's or the assessment's solution.
+BUNDLE_TESTS = ("conftest.py", "spawn_ranks.py", "test_batch_size.py", "test_collectives.py",
+                "test_collectives_report.py", "test_config.py", "test_data.py", "test_ddp.py", "test_ddp_costs.py",
+                "test_ddp_exit.py", "test_ddp_timeline.py", "test_hogwild.py", "test_landscape.py", "test_optim.py",
+                "test_outcomes.py", "test_parallel_sgd.py", "test_parle.py", "test_perf.py", "test_plotting.py",
+                "test_scaling.py", "test_sweep.py", "test_train.py")
+
+
+def write_release(out: Path, root: Path = COURSE_ROOT, lab_solutions: bool = False,
+                  for_grading: bool = False) -> list[Path]:
+    """Write the learner bundle under ``out`` (replaced whole); returns the notebooks written.
+
+    ``lab_solutions``: the labs' instructor editions instead of their learner editions (the
+    assessment is always the learner edition). ``for_grading``: the grader's sandbox view, without
+    the grader's own modules and tests.
+    """
+    out, root = Path(out), Path(root)
     staging = Path(tempfile.mkdtemp(prefix=".release-", dir=out.parent if out.parent.exists() else None))
     written = []
     for path in source_notebooks(root):
+        if for_grading and path.parent.name != "assessment":
+            continue
         target = staging / path.relative_to(root)
         target.parent.mkdir(parents=True, exist_ok=True)
-        nbformat.write(learner_notebook(nbformat.read(path, as_version=4), path.name), target)
+        nb = nbformat.read(path, as_version=4)
+        if not (lab_solutions and path.parent.name == "labs"):
+            nb = learner_notebook(nb, path.name)
+        nbformat.write(nb, target)
         written.append(out / path.relative_to(root))
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints")
+    for folder in BUNDLE_FOLDERS:
+        shutil.copytree(root / folder, staging / folder, ignore=ignore)
+    for name in ASSESSMENT_MODULES:
+        if not (for_grading and name in GRADER_ONLY) and (root / "assessment" / name).exists():
+            shutil.copy(root / "assessment" / name, staging / "assessment" / name)
+    if not for_grading:
+        for name in BUNDLE_FILES:
+            if (root / name).exists():
+                shutil.copy(root / name, staging / name)
+        (staging / "tests").mkdir()
+        for name in BUNDLE_TESTS:
+            shutil.copy(root / "tests" / name, staging / "tests" / name)
+    for path in [staging, *staging.rglob("*")]:  # readable by the sandbox's unprivileged user
+        path.chmod(0o755 if path.is_dir() else 0o644)
     if out.exists():
         shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -126,14 +176,17 @@ def fill_workspace(workspace: Path, root: Path = COURSE_ROOT) -> tuple[list[Path
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, help="write the whole learner edition here (replaced)")
+    parser.add_argument("--out", type=Path, help="write the learner bundle here (replaced)")
+    parser.add_argument("--lab-solutions", action="store_true",
+                        help="put the labs' instructor editions in the bundle (never the assessment's)")
     parser.add_argument("--workspace", type=Path, help="add learner copies missing from this folder")
     args = parser.parse_args(argv)
     if not args.out and not args.workspace:
         parser.error("give --out DIR and/or --workspace DIR")
     if args.out:
-        written = write_release(args.out)
-        print(f"learner edition: {len(written)} notebooks in {args.out}/")
+        written = write_release(args.out, lab_solutions=args.lab_solutions)
+        print(f"learner bundle: {len(written)} notebooks, the library and its tests in {args.out}/ "
+              f"(labs: {'instructor' if args.lab_solutions else 'learner'} editions; assessment: learner edition)")
     if args.workspace:
         added, kept = fill_workspace(args.workspace)
         for path in added:
