@@ -128,3 +128,45 @@ def test_scaled_lr_rules():
         scaled_lr(0.1, 64, 256, "Linear")
     with pytest.raises(ValueError, match="base_batch"):
         scaled_lr(0.1, 0, 256, "linear")
+
+
+def test_seed_verdict_names_a_winner_only_when_the_seeds_separate_it():
+    from utils.batch_size import seed_verdict
+
+    apart = seed_verdict({"sgd": [0.50, 0.52, 0.51], "lars": [0.60, 0.58, 0.61]}, fmt=".1%")
+    assert apart["leader"] == "lars" and apart["separated"]
+    assert apart["text"].startswith("lars is best on every one of 3 seeds")
+    assert apart["mean"]["sgd"] == pytest.approx(0.51) and apart["low"]["lars"] == 0.58
+
+    overlap = seed_verdict({"sgd": [0.545, 0.56], "lars": [0.559, 0.54]})
+    assert overlap["leader"] == "sgd" and not overlap["separated"]
+    assert overlap["text"].startswith("no clear winner: sgd leads on the mean, within the seed-to-seed spread")
+
+    tie = seed_verdict({"none": [0.44, 0.46], "sqrt": [0.44, 0.46], "linear": [0.40, 0.41]})
+    assert not tie["separated"] and tie["text"].startswith("no winner: none, sqrt tie on the mean")
+
+    one_seed = seed_verdict({"sgd": [0.545], "lars": [0.559]})
+    assert not one_seed["separated"] and "one seed only, so no winner is named" in one_seed["text"]
+
+
+def test_seed_verdict_counts_a_failed_seed_as_the_worst_result():
+    from utils.batch_size import seed_verdict
+
+    # The leader on the mean diverged on one seed: it is not best on every seed.
+    v = seed_verdict({"linear": [0.9, None, 0.88], "sqrt": [0.7, 0.72, 0.71]})
+    assert v["leader"] == "linear" and not v["separated"] and v["failed"]["linear"] == 1
+    assert "failed on 1 of 3 seeds" in v["text"]
+    dead = seed_verdict({"linear": [None, float("nan")], "sqrt": [0.7, 0.72]})
+    assert dead["leader"] == "sqrt" and dead["separated"] and "linear failed on every seed" in dead["text"]
+    assert seed_verdict({"a": [None], "b": [None]})["leader"] is None
+
+
+def test_seed_verdict_lower_is_better_and_bad_input():
+    from utils.batch_size import seed_verdict
+
+    v = seed_verdict({"a": [1.0, 1.1], "b": [2.0, 2.1]}, higher_is_better=False)
+    assert v["leader"] == "a" and v["separated"] and v["low"]["a"] == 1.1 and v["high"]["a"] == 1.0
+    with pytest.raises(ValueError, match="no seeds"):
+        seed_verdict({"a": []})
+    with pytest.raises(ValueError, match="no settings"):
+        seed_verdict({})

@@ -200,3 +200,12 @@ def test_table_columns_settings_metrics_time_and_errors():
     assert lines[3].split() == ["512", "5", "nan", "1.0"]
     assert lines[4].split()[:3] == ["4096", "3.2", "0.5"] and lines[4].endswith("RuntimeError: loss is nan")
     assert sweep.table(runs, metrics=["loss"]).splitlines()[0].split()[:4] == ["batch", "lr", "warmup", "loss"]
+
+
+def test_results_are_the_returned_values_or_an_error_naming_the_failed_configurations():
+    good = [sweep.Run(config={"lr": 0.1}, result={"loss": 1.0}), sweep.Run(config={"lr": 0.2}, result=2)]
+    assert sweep.results(good) == [{"loss": 1.0}, 2]
+    bad = good + [sweep.Run(config={"lr": 9.0}, error="Traceback (most recent call last):\nValueError: lr too big")]
+    with pytest.raises(RuntimeError, match=r"1 of 3 configuration\(s\) failed") as info:
+        sweep.results(bad)
+    assert "9" in str(info.value) and "ValueError: lr too big" in str(info.value)

@@ -9,6 +9,8 @@
   a target for several batch sizes, fitted with McCandlish's S(B) = S_min (1 + B_crit / B).
 - ``scaled_lr``: the learning-rate scaling rules (Krizhevsky 2014, "One weird trick": square
   root; Goyal et al. 2017, "Accurate, Large Minibatch SGD": linear).
+- ``seed_verdict``: which of several settings did best over a few seeds, named only when the seeds
+  separate it from the others (otherwise the difference is called noise).
 """
 from __future__ import annotations
 
@@ -181,3 +183,69 @@ def scaled_lr(base_lr: float, base_batch: int, batch: int, rule: str) -> float:
         raise ValueError(f"base_batch and batch must be > 0, got base_batch={base_batch!r}, batch={batch!r}")
     ratio = batch / base_batch
     return base_lr * {"none": 1.0, "sqrt": math.sqrt(ratio), "linear": ratio}[rule]
+
+
+# --- Verdicts over seeds -------------------------------------------------------------------------
+
+def _finite(values) -> list[float]:
+    return [float(v) for v in values if v is not None and math.isfinite(float(v))]
+
+
+def seed_verdict(scores: Mapping[str, list], *, higher_is_better: bool = True, fmt: str = ".3g") -> dict:
+    """Compare settings measured over several seeds, and name a winner only when the seeds separate it.
+
+    ``scores[name]`` holds one number per seed; None or nan is a seed that failed (a diverged run),
+    which counts as the worst possible result. The leader is the setting with the best mean over its
+    finite seeds; it is *separated* when it had at least two seeds and its worst seed beats the best
+    seed of every other setting (the ranges do not overlap), otherwise the difference is within the
+    seed-to-seed noise. Returns ``{"leader", "separated", "mean", "low", "high", "failed", "text"}``
+    (mean/low/high/failed per setting; low/high are the worst and best finite seeds; ``text`` a
+    sentence that says so, numbers formatted with ``fmt``). A setting whose seeds all failed has no
+    mean and cannot lead.
+    """
+    if not scores:
+        raise ValueError("no settings to compare")
+    sign = 1.0 if higher_is_better else -1.0
+    mean, low, high, failed = {}, {}, {}, {}
+    for name, values in scores.items():
+        values = list(values)
+        if not values:
+            raise ValueError(f"{name!r} has no seeds")
+        finite = _finite(values)
+        failed[name] = len(values) - len(finite)
+        mean[name] = sum(finite) / len(finite) if finite else math.nan
+        low[name] = min(finite, key=lambda v: sign * v) if finite else math.nan
+        high[name] = max(finite, key=lambda v: sign * v) if finite else math.nan
+    alive = [name for name in scores if not math.isnan(mean[name])]
+
+    def show(name) -> str:
+        n = len(scores[name])
+        if not alive or name not in alive:
+            return f"{name} failed on every seed"
+        spread = f" ({format(low[name], fmt)} to {format(high[name], fmt)})" if n > 1 else ""
+        return f"{name} {format(mean[name], fmt)}{spread}" + (f", failed on {failed[name]} of {n} seeds"
+                                                                if failed[name] else "")
+
+    listing = "; ".join(show(name) for name in sorted(scores, key=lambda k: -sign * mean[k] if k in alive
+                                                              else math.inf))
+    if not alive:
+        return dict(leader=None, separated=False, mean=mean, low=low, high=high, failed=failed,
+                    text=f"every setting failed on every seed: {listing}")
+    leader = max(alive, key=lambda name: sign * mean[name])
+    seeds = len(scores[leader])
+    worst = -math.inf if failed[leader] else sign * low[leader]
+    others = [sign * high[name] for name in alive if name != leader]
+    separated = seeds >= 2 and all(worst > other for other in others)
+    tied = [name for name in alive if mean[name] == mean[leader]]
+    if len(scores) == 1:
+        text = f"only one setting: {listing}"
+    elif len(tied) > 1:
+        separated = False
+        text = f"no winner: {', '.join(tied)} tie on the mean: {listing}"
+    elif separated:
+        text = f"{leader} is best on every one of {seeds} seeds: {listing}"
+    elif seeds < 2:
+        text = f"one seed only, so no winner is named ({leader} leads on it): {listing}"
+    else:
+        text = f"no clear winner: {leader} leads on the mean, within the seed-to-seed spread: {listing}"
+    return dict(leader=leader, separated=separated, mean=mean, low=low, high=high, failed=failed, text=text)

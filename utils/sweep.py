@@ -11,6 +11,7 @@ Taught in labs/07 (batch size and learning rate), where a figure needs a dozen r
 
     runs = sweep.run(train_one, [dict(lr=lr, batch_size=256) for lr in (0.05, 0.1, 0.2)], workers)
     print(sweep.table(runs))
+    results = sweep.results(runs)                # what each returned; stops here if one failed
 
 ``fn(**config)`` runs on whichever engine is free next (ipyparallel's load-balanced view), so a
 slow configuration does not hold up the others. The runs are independent: ``fn`` must not use the
@@ -299,6 +300,16 @@ def final_metrics(result) -> dict:
         if _number(value) is not None:
             metrics[str(name)] = _number(value)
     return metrics
+
+
+def results(runs: list[Run]) -> list:
+    """The results of a sweep, in the configurations' order; if a configuration failed, a
+    RuntimeError with the table of the failed ones and the first one's whole traceback."""
+    failed = [run for run in runs if not run.ok]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(runs)} configuration(s) failed:\n{table(failed)}\n\n"
+                           f"The first one's traceback:\n{failed[0].error}")
+    return [run.result for run in runs]
 
 
 def _cell(value) -> str:

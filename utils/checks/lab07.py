@@ -1,55 +1,153 @@
 """Checks for labs/07_batch_size.ipynb: each runs the learner's function on small, awkward inputs and
 compares with the course's reference (``utils.optim``, ``utils.landscape``) or with values computed here.
+
+The exercises are numbered in the notebook's order: 7.1 the critical batch, 7.2 linear scaling with
+warm-up, 7.3 filter normalisation, 7.4 one LARS step. The inputs are irregular on purpose (batch ratios
+that are not whole numbers, a batch below the base batch, momentum buffers that are not zero, several
+eps, a sweep whose largest batch is not the fastest), and every result is copied before it is compared,
+so that a lazy result cannot change afterwards what the check saw.
 """
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import nn
 
-from . import exercise, expect, show_hint
+from . import Incorrect, exercise, expect, show_hint
 
 HINTS = {
     "7.1": """Step by step:
-1. The target learning rate is base_lr * batch / base_batch (the linear scaling rule).
-2. Set it in every param group of the optimizer (group["lr"] = ...): schedulers scale the lr they find there.
-3. Return torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=base_lr / target, end_factor=1.0,
-   total_iters=warmup_steps): step 0 runs at base_lr, step warmup_steps is the first at the target.""",
-    "7.2": """Step by step, for one tensor:
-1. w_norm = torch.linalg.vector_norm(w), g_norm likewise.
-2. local_lr = trust_coefficient * w_norm / (g_norm + weight_decay * w_norm + eps), but 1.0 when
-   w_norm or g_norm is 0 (torch.where, or a Python if on .item()).
-3. v_new = momentum * v + lr * local_lr * (g + weight_decay * w); w_new = w - v_new. Return both.""",
+1. Leave out the runs whose steps are None: they never reached the target.
+2. S_min and E_min are two minima over the runs that are left, one counted in steps, one in examples
+   (a run of S steps at batch B sees B times S examples). In a noisy sweep neither need sit at the
+   largest or the smallest batch: take the minimum over every run.
+3. Put S = 2 S_min into McCandlish et al.'s relation: what is E then? The batch size of that run is
+   its examples over its steps.""",
+    "7.2": """Step by step:
+1. The scaled learning rate is the linear scaling rule's of section 2.
+2. Write it into every param group before you build the scheduler: a scheduler multiplies the lr it
+   finds in the groups when it is created.
+3. Read help(torch.optim.lr_scheduler.LinearLR): its factor moves in a straight line from start_factor
+   to end_factor over total_iters calls of step(). Work out the start factor that makes step 0 run at
+   base_lr, and the total_iters that makes step warmup_steps the first at the scaled lr.
+4. LinearLR accepts start factors in (0, 1] only. Below the base batch the scaled lr is already
+   below base_lr: there is nothing to warm up, so that run starts at the scaled lr.""",
     "7.3": """Step by step, for each pair (d, w) of direction and parameter:
-1. A 1-D parameter (bias): a zero direction.
-2. Otherwise view both as (filters, rest) with reshape(shape[0], -1); take each row's norm.
-3. Multiply each filter of d by ||w filter|| / ||d filter||, and leave a filter whose ||d filter|| is 0 at 0.""",
-    "7.4": """Step by step:
-1. Keep the pairs (B, S) whose S is not None (the run reached the target).
-2. S_min = the fewest steps of any batch size; E_min = the fewest examples, min over B of B * S.
-3. B_crit = E_min / S_min.""",
+1. A 1-D parameter (a bias): a zero direction.
+2. Otherwise see both as a matrix with one row per filter (Tensor.reshape or Tensor.flatten with
+   start_dim=1) and take each row's norm (torch.linalg.vector_norm with dim).
+3. Rescale each row of d so that its norm becomes that of the same row of w; a row of d whose norm
+   is 0 stays 0 (torch.where keeps the 0 / 0 out). Return new tensors, in a list.""",
+    "7.4": """Step by step, for one tensor:
+1. The norms of the whole tensor w and of its gradient g (torch.linalg.vector_norm).
+2. The local learning rate: the trust coefficient times the weights' norm over the norm of the update
+   direction, which You et al. take as the sum of the norms of its two parts (the gradient and the
+   weight-decay term); eps joins that sum. When either norm of step 1 is 0 it is 1.0 instead.
+3. Heavy-ball momentum: the buffer decays by the momentum argument, then takes the global lr times
+   the local lr times the update direction (the gradient with the weight-decay term added).
+4. The weights move against the new buffer. Return both, as new tensors.""",
 }
 
 
 def hint(name: str) -> None:
-    """Print the step-by-step hint of exercise ``name`` (e.g. ``"7.2"``)."""
+    """Print the step-by-step hint of exercise ``name`` (e.g. ``"7.4"``)."""
     show_hint(HINTS, name)
 
 
-# --- 7.1 linear scaling with warm-up ----------------------------------------------------------------
+def _close(a: float, b: float, rel: float = 1e-9) -> bool:
+    return math.isclose(a, b, rel_tol=rel, abs_tol=1e-15)
 
 
-def _learning_rates(scheduler_fn, base_lr, base_batch, batch, warmup_steps, steps) -> tuple[list[float], object]:
+# --- 7.1 the critical batch from a sweep -------------------------------------------------------------
+
+CRITICAL_CASES = [
+    ("a sweep listed out of order", [512, 32, 128, 2048, 8], [1500, 9000, 3000, 1125, 33000]),
+    ("a run that never reached the target", [16, 64, 256, 1024], [None, 900, 400, 380]),
+    ("the fewest examples not at the smallest batch", [8, 16, 32], [4000, 1500, 1200]),
+    ("a noisy sweep whose largest batch is not the fastest", [24, 48, 96, 192, 384], [2600, 1400, 900, 610, 655]),
+]
+
+
+def check_critical_batch(critical_batch) -> None:
+    with exercise("7.1"):
+        for label, batches, steps in CRITICAL_CASES:
+            kept = [(b, s) for b, s in zip(batches, steps) if s is not None]
+            s_min = min(s for _, s in kept)
+            e_min = min(b * s for b, s in kept)
+            want = e_min / s_min
+            try:
+                got = critical_batch(list(batches), list(steps))
+            except TypeError as error:
+                if None not in steps:
+                    raise
+                raise Incorrect(f"7.1 ({label}, steps {steps}): your code raised TypeError: {error}. A step count "
+                                f"of None is a run that never reached the target: leave it out before taking "
+                                f"any minimum.") from error
+            if isinstance(got, torch.Tensor) and got.numel() == 1:
+                got = got.item()
+            expect(isinstance(got, numbers.Real) and not isinstance(got, bool) and math.isfinite(got),
+                   f"7.1 ({label}): return the critical batch size as a number, got {got!r}")
+            if _close(got, want):
+                continue
+            smallest, largest = min(kept), max(kept)
+            expect(not _close(got, max(b * s for b, s in kept) / s_min),
+                   f"7.1 ({label}): E_min is the fewest examples any batch size needs, not the most.")
+            expect(not (_close(got, e_min / largest[1]) and largest[1] != s_min),
+                   f"7.1 ({label}, batch sizes {batches}, steps {steps}): S_min is the fewest steps of any batch "
+                   f"size; in a noisy sweep that need not be the largest batch's ({largest[0]} took {largest[1]}).")
+            expect(not (_close(got, smallest[0] * smallest[1] / s_min) and smallest[0] * smallest[1] != e_min),
+                   f"7.1 ({label}, batch sizes {batches}, steps {steps}): E_min is the fewest examples of any "
+                   f"batch size, not those of the smallest batch ({smallest[0]}).")
+            expect(not _close(got, kept[0][0] * kept[0][1] / s_min),
+                   f"7.1 ({label}): E_min is the fewest examples over all batch sizes, not those of the first "
+                   f"batch size listed.")
+            expect(False, f"7.1 ({label}, batch sizes {batches}, steps {steps}): you read B_crit = {got:.6g}; "
+                          f"here S_min is {s_min:g} steps, E_min {e_min:g} examples, and the batch size at which a "
+                          f"run takes twice of each is {want:.6g}.")
+
+
+# --- 7.2 linear scaling with warm-up ----------------------------------------------------------------
+
+# (base_lr, base_batch, batch, warmup_steps): whole and fractional batch ratios, a ratio of 1, and a
+# batch below the base batch (nothing to warm up: the scaled lr from step 0).
+WARMUP_CASES = ((0.1, 64, 1024, 10), (0.03, 48, 200, 7), (0.05, 32, 96, 3), (0.2, 256, 256, 4), (0.1, 64, 24, 5))
+
+
+def _hand_written(scheduler) -> str | None:
+    """Why ``scheduler`` is a hand-written schedule, or None when it is built from torch's own."""
+    from torch.optim import lr_scheduler
+
+    for inner in getattr(scheduler, "_schedulers", None) or []:   # SequentialLR, ChainedScheduler
+        reason = _hand_written(inner)
+        if reason:
+            return reason
+    kind = type(scheduler)
+    if kind in (lr_scheduler.LambdaLR, lr_scheduler.MultiplicativeLR):
+        return f"{kind.__name__} runs a function you wrote"
+    if kind.__module__ != lr_scheduler.__name__:
+        return f"{kind.__name__} is a scheduler class of your own"
+    return None
+
+
+def _learning_rates(scheduler_fn, base_lr, base_batch, batch, warmup_steps, steps) -> tuple[list[list[float]], object]:
     param = nn.Parameter(torch.zeros(3))
-    optimizer = torch.optim.SGD([param, ], lr=base_lr, momentum=0.9)
+    optimizer = torch.optim.SGD([param], lr=base_lr, momentum=0.9)
     optimizer.add_param_group({"params": [nn.Parameter(torch.zeros(2))], "lr": base_lr})
-    scheduler = scheduler_fn(optimizer, base_lr, base_batch, batch, warmup_steps)
+    try:
+        scheduler = scheduler_fn(optimizer, base_lr, base_batch, batch, warmup_steps)
+    except ValueError as error:
+        if batch >= base_batch:
+            raise
+        raise Incorrect(f"7.2 (batch {batch} below the base batch {base_batch}): your code raised ValueError: "
+                        f"{error}. Below the base batch the scaled lr is smaller than base_lr, so there is "
+                        f"nothing to warm up: run at the scaled lr from step 0 (a start factor of 1).") from error
     rates = []
     for _ in range(steps):
         rates.append([group["lr"] for group in optimizer.param_groups])
         optimizer.step()
-        if scheduler is not None:
+        if hasattr(scheduler, "step"):
             scheduler.step()
     return rates, scheduler
 
@@ -57,82 +155,50 @@ def _learning_rates(scheduler_fn, base_lr, base_batch, batch, warmup_steps, step
 def check_warmup(linear_scaling_with_warmup) -> None:
     from torch.optim.lr_scheduler import LRScheduler
 
-    with exercise("7.1"):
-        for base_lr, base_batch, batch, warmup in ((0.1, 64, 1024, 10), (0.05, 32, 96, 3), (0.2, 256, 256, 4)):
-            target = base_lr * batch / base_batch
+    with exercise("7.2"):
+        for base_lr, base_batch, batch, warmup in WARMUP_CASES:
+            ratio = batch / base_batch
+            target = base_lr * ratio
+            start = min(base_lr, target)
+            where = f"base lr {base_lr} at batch {base_batch}, batch {batch}, warm-up {warmup} steps"
             rates, scheduler = _learning_rates(linear_scaling_with_warmup, base_lr, base_batch, batch, warmup,
                                                warmup + 4)
             expect(isinstance(scheduler, LRScheduler),
-                   f"7.1: return a scheduler from torch.optim.lr_scheduler (got {type(scheduler).__name__}); "
+                   f"7.2: return a scheduler from torch.optim.lr_scheduler (got {type(scheduler).__name__}); "
                    f"the training loop calls its step() after every optimizer step.")
+            reason = _hand_written(scheduler)
+            expect(reason is None,
+                   f"7.2: {reason}: that is a schedule written by hand. The exercise asks for torch's own "
+                   f"scheduler whose factor moves in a straight line (no function of the step of yours).")
             expect(all(len(set(step)) == 1 for step in rates),
-                   "7.1: the optimizer's two param groups got different learning rates: set every group's lr.")
+                   "7.2: the optimizer's two param groups got different learning rates: set every group's lr.")
             lrs = [step[0] for step in rates]
-            expect(math.isclose(lrs[-1], target, rel_tol=1e-6),
-                   f"7.1 (base lr {base_lr} at batch {base_batch}, batch {batch}): after the warm-up the lr is "
-                   f"{lrs[-1]:.6g}, the linear scaling rule gives {target:.6g} = base_lr * batch / base_batch.")
-            expect(math.isclose(lrs[0], base_lr, rel_tol=1e-6),
-                   f"7.1 (batch {batch}): the first step runs at {lrs[0]:.6g}; Goyal et al.'s warm-up starts from "
-                   f"the small batch's lr, {base_lr:.6g} (start_factor = base_lr / target).")
-            want = [target * (base_lr / target + (1 - base_lr / target) * min(i, warmup) / warmup)
+            if not _close(lrs[-1], target, 1e-6):
+                rounded = {base_lr * math.floor(ratio), base_lr * round(ratio)}
+                expect(not (ratio != round(ratio) and any(_close(lrs[-1], r, 1e-6) for r in rounded)),
+                       f"7.2 ({where}): after the warm-up the lr is {lrs[-1]:.6g}, base_lr times the batch ratio "
+                       f"{ratio:.6g} rounded to a whole number; the ratio of two batch sizes need not be whole: "
+                       f"divide with /, not //, and do not round.")
+                expect(False, f"7.2 ({where}): after the warm-up the lr is {lrs[-1]:.6g}, the linear scaling "
+                              f"rule gives {target:.6g}.")
+            if batch < base_batch:
+                expect(_close(lrs[0], target, 1e-6),
+                       f"7.2 ({where}): the first step runs at {lrs[0]:.6g}. Below the base batch the scaled lr "
+                       f"{target:.6g} is the smaller one: there is nothing to warm up, so every step runs at it "
+                       f"(a schedule that comes down from base_lr is not a warm-up).")
+            expect(_close(lrs[0], start, 1e-6),
+                   f"7.2 ({where}): the first step runs at {lrs[0]:.6g}; Goyal et al.'s warm-up starts from the "
+                   f"small batch's lr, {start:.6g}.")
+            want = [target * (start / target + (1 - start / target) * min(i, warmup) / warmup)
                     for i in range(warmup + 4)]
-            first_full = next(i for i, lr in enumerate(lrs) if math.isclose(lr, target, rel_tol=1e-6))
-            expect(first_full == warmup or batch == base_batch,
-                   f"7.1 (warm-up of {warmup} steps): the lr first reaches the target at step {first_full}; it should "
-                   f"at step {warmup} (the steps are counted from 0: total_iters = warmup_steps).")
+            first_full = next(i for i, lr in enumerate(lrs) if _close(lr, target, 1e-6))
+            expect(first_full == warmup or batch <= base_batch,
+                   f"7.2 ({where}): the lr first reaches the target at step {first_full}; it should at step "
+                   f"{warmup} (the steps are counted from 0).")
             worst = max(abs(a - b) for a, b in zip(lrs, want))
             expect(worst <= 1e-9 * max(1.0, target),
-                   f"7.1: the lrs over the warm-up are {[round(v, 6) for v in lrs]}, a straight line from base_lr to "
-                   f"the target gives {[round(v, 6) for v in want]}.")
-
-
-# --- 7.2 one LARS step ------------------------------------------------------------------------------
-
-
-def _reference_lars(w, g, v, lr, momentum, weight_decay, trust_coefficient, eps):
-    from utils.optim import LARS
-
-    param = nn.Parameter(w.clone())
-    param.grad = g.clone()
-    optimizer = LARS([param], lr=lr, momentum=momentum, weight_decay=weight_decay,
-                     trust_coefficient=trust_coefficient, eps=eps)
-    optimizer.state[param]["momentum_buffer"] = v.clone()
-    optimizer.step()
-    return param.detach(), optimizer.state[param]["momentum_buffer"]
-
-
-def _lars_cases():
-    g = torch.Generator().manual_seed(7)
-    w = torch.randn(5, 3, generator=g, dtype=torch.float64) * 3
-    grad = torch.randn(5, 3, generator=g, dtype=torch.float64) * 0.01
-    v = torch.randn(5, 3, generator=g, dtype=torch.float64) * 0.1
-    base = dict(lr=2.0, momentum=0.9, weight_decay=0.0, trust_coefficient=0.02, eps=1e-8)
-    return [("no weight decay", w, grad, v, base),
-            ("weight decay 0.01", w, grad, v, {**base, "weight_decay": 0.01}),
-            ("momentum 0, v starts at zero", w, grad, torch.zeros_like(v), {**base, "momentum": 0.0}),
-            ("a weight of zeros (a bias at the start)", torch.zeros(4, dtype=torch.float64),
-             torch.full((4,), 0.5, dtype=torch.float64), torch.zeros(4, dtype=torch.float64), base),
-            ("a gradient of zeros", w, torch.zeros_like(grad), v, {**base, "weight_decay": 0.01})]
-
-
-def check_lars_step(lars_step) -> None:
-    with exercise("7.2"):
-        for label, w, g, v, settings in _lars_cases():
-            want_w, want_v = _reference_lars(w, g, v, **settings)
-            got = lars_step(w.clone(), g.clone(), v.clone(), **settings)
-            expect(isinstance(got, tuple) and len(got) == 2, f"7.2: return (new_w, new_v), got {type(got).__name__}")
-            got_w, got_v = (torch.as_tensor(t, dtype=torch.float64) for t in got)
-            expect(bool(torch.isfinite(got_w).all() and torch.isfinite(got_v).all()),
-                   f"7.2 ({label}): your step gives nan or inf: when ||w|| or ||g|| is 0, local_lr is 1.0 "
-                   f"(0 / 0 otherwise).")
-            if not torch.allclose(got_v, want_v, rtol=1e-9, atol=1e-12):
-                expect(False, f"7.2 ({label}, {settings}): new v differs from the rule by up to "
-                              f"{(got_v - want_v).abs().max().item():.3g}: v = momentum * v + lr * local_lr * "
-                              f"(g + weight_decay * w), local_lr = trust_coefficient * ||w|| / "
-                              f"(||g|| + weight_decay * ||w|| + eps).")
-            expect(torch.allclose(got_w, want_w, rtol=1e-9, atol=1e-12),
-                   f"7.2 ({label}): new v is right, but new w differs by up to {(got_w - want_w).abs().max().item():.3g}: "
-                   f"w = w - v (with the new v).")
+                   f"7.2 ({where}): the lrs over the warm-up are {[round(v, 6) for v in lrs]}, a straight line "
+                   f"from {start:.6g} to the target gives {[round(v, 6) for v in want]}.")
 
 
 # --- 7.3 filter normalisation -----------------------------------------------------------------------
@@ -151,6 +217,10 @@ class _Awkward(nn.Module):
             self.fc.weight.mul_(torch.tensor([[1.0], [10.0], [1.0], [0.01]]))
 
 
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
 def check_filter_normalize(filter_normalize) -> None:
     from utils import landscape
 
@@ -160,23 +230,33 @@ def check_filter_normalize(filter_normalize) -> None:
         direction = landscape.random_direction(model, seed=5)
         direction[1][0] = 0.0                               # a filter of zeros in the direction too
         before = [d.clone() for d in direction]
-        want = landscape.filter_normalize(direction, model)
+        weights = [w.detach().clone() for w in model.parameters()]
+        want = landscape.filter_normalize(before, model)
         got = filter_normalize(direction, model)
-        expect(all(torch.equal(a, b) for a, b in zip(before, direction)),
+        expect(_same(before, direction),
                "7.3: your function changed the direction it was given: return new tensors.")
-        got = list(got)
+        try:                                                # read the result once, and keep a copy of it
+            got = [torch.as_tensor(t).detach().clone() for t in got]
+        except TypeError as error:
+            raise Incorrect(f"7.3: return a list of tensors, one per model.parameters(); got "
+                            f"{type(got).__name__}") from error
+        expect(_same(before, direction),
+               "7.3: reading your result changed the direction it was given (a generator, or a lazy view, that "
+               "works in place): compute new tensors and return them in a list.")
+        expect(_same(weights, [w.detach() for w in model.parameters()]),
+               "7.3: your function changed the model's weights: read them (w.detach()), do not write them.")
         expect(len(got) == len(want) and all(tuple(a.shape) == tuple(b.shape) for a, b in zip(got, want)),
                "7.3: return one tensor per model.parameters(), each of its parameter's shape.")
         names = [name for name, _ in model.named_parameters()]
-        for name, a, b, w in zip(names, got, want, model.parameters()):
+        for name, a, b, w in zip(names, got, want, weights):
             expect(bool(torch.isfinite(a).all()), f"7.3: {name}'s direction has nan or inf: a filter whose "
                                                   f"direction is zero stays zero (no 0 / 0).")
             if w.dim() <= 1:
                 expect(bool((a == 0).all()), f"7.3: {name} is 1-D (a bias or a scale): Li et al. give it a zero "
                                              f"direction, so it stays at its trained value.")
                 continue
-            expect(not torch.allclose(a, w.detach()), f"7.3: {name}'s direction is the weights themselves: scale "
-                                                      f"each filter of the given direction, do not replace it.")
+            expect(not torch.allclose(a, w), f"7.3: {name}'s direction is the weights themselves: scale "
+                                             f"each filter of the given direction, do not replace it.")
             got_norms = a.reshape(a.shape[0], -1).norm(dim=1)
             want_norms = b.reshape(b.shape[0], -1).norm(dim=1)
             if not torch.allclose(got_norms, want_norms, rtol=1e-5, atol=1e-7):
@@ -190,27 +270,102 @@ def check_filter_normalize(filter_normalize) -> None:
                    f"direction, do not replace it by another.")
 
 
-# --- 7.4 the critical batch from a sweep -------------------------------------------------------------
+# --- 7.4 one LARS step ------------------------------------------------------------------------------
 
 
-def check_critical_batch(critical_batch) -> None:
+def _reference_lars(w, g, v, lr, momentum, weight_decay, trust_coefficient, eps):
+    from utils.optim import LARS
+
+    param = nn.Parameter(w.clone())
+    param.grad = g.clone()
+    optimizer = LARS([param], lr=lr, momentum=momentum, weight_decay=weight_decay,
+                     trust_coefficient=trust_coefficient, eps=eps)
+    optimizer.state[param]["momentum_buffer"] = v.clone()
+    optimizer.step()
+    return param.detach(), optimizer.state[param]["momentum_buffer"]
+
+
+def lars_cases():
+    """(label, w, g, v, settings): every setting varies somewhere, and the buffers are not zero."""
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(5, 3, generator=g, dtype=torch.float64) * 3
+    grad = torch.randn(5, 3, generator=g, dtype=torch.float64) * 0.01
+    v = torch.randn(5, 3, generator=g, dtype=torch.float64) * 0.1
+    base = dict(lr=2.0, momentum=0.9, weight_decay=0.0, trust_coefficient=0.02, eps=1e-8)
+    return [("no weight decay", w, grad, v, base),
+            ("weight decay 0.01, eps 1e-3", w, grad, v,
+             dict(lr=1.5, momentum=0.9, weight_decay=0.01, trust_coefficient=0.005, eps=1e-3)),
+            ("momentum 0.5 on a buffer that is not zero, eps 0.02", w, grad, v,
+             dict(lr=0.7, momentum=0.5, weight_decay=0.003, trust_coefficient=0.1, eps=0.02)),
+            ("momentum 0, v starts at zero", w, grad, torch.zeros_like(v), {**base, "momentum": 0.0}),
+            ("a weight of zeros (a bias at the start)", torch.zeros(4, dtype=torch.float64),
+             torch.full((4,), 0.5, dtype=torch.float64), torch.full((4,), 0.05, dtype=torch.float64), base),
+            ("a gradient of zeros", w, torch.zeros_like(grad), v, {**base, "weight_decay": 0.01, "eps": 1e-4})]
+
+
+def _fit(target: torch.Tensor, *columns: torch.Tensor) -> tuple[list[float], float]:
+    """Least squares of ``target`` on ``columns`` (all flattened): (coefficients, largest residual)."""
+    design = torch.stack([c.flatten() for c in columns], dim=1)
+    coefficients = torch.linalg.lstsq(design, target.flatten()[:, None]).solution[:, 0]
+    return coefficients.tolist(), (design @ coefficients - target.flatten()).abs().max().item()
+
+
+def _diagnose_lars(label, w, g, v, got_v, want_v, lr, momentum, weight_decay, trust_coefficient, eps) -> str:
+    """The message for a wrong new v: which part of the step differs, in numbers."""
+    w_norm, g_norm = torch.linalg.vector_norm(w).item(), torch.linalg.vector_norm(g).item()
+    differs = f"7.4 ({label}): new v differs from LARS's by up to {(got_v - want_v).abs().max().item():.3g}"
+    if w_norm == 0 or g_norm == 0:
+        return (f"{differs}. Here ||w|| = {w_norm:g} and ||g|| = {g_norm:g}: when either norm is 0, LARS's local "
+                f"lr is 1.0 (otherwise a tensor that starts at zero, a bias, would never learn).")
+    tol = 1e-9 * max(1.0, want_v.abs().max().item())
+    direction = g + weight_decay * w
+    if bool(v.any()):
+        (kept, step), residual = _fit(got_v, v, direction)
+        if residual <= tol and not _close(kept, momentum, 1e-6):
+            return (f"{differs}: your step keeps {kept:.6g} of the old buffer, the momentum argument is "
+                    f"{momentum}. Use the argument.")
+    else:
+        (step,), residual = _fit(got_v - momentum * v, direction)
+    if residual > tol:
+        if weight_decay and _fit(got_v - momentum * v, g)[1] <= tol:
+            return (f"{differs}: your step follows the gradient alone; with weight decay the update direction "
+                    f"is the gradient plus the weight-decay term ({weight_decay} times w).")
+        return f"{differs}: it is not the old buffer times the momentum plus a multiple of the update direction."
+    local, want = step / lr, trust_coefficient * w_norm / (g_norm + weight_decay * w_norm + eps)
+    if weight_decay and _close(local, trust_coefficient * w_norm / (g_norm + eps), 1e-6):
+        return (f"{differs}: your local lr is {local:.9g}, LARS's {want:.9g}. Weight decay is missing from the "
+                f"trust ratio's denominator: You et al. bound the norm of the whole update direction, weight-decay "
+                f"term included.")
+    implied_eps = trust_coefficient * w_norm / local - g_norm - weight_decay * w_norm if local else math.inf
+    if -1e-9 <= implied_eps <= 1e-6:
+        return (f"{differs}: your local lr is {local:.9g}, LARS's {want:.9g}; it is the one for eps = "
+                f"{implied_eps if abs(implied_eps) > 1e-12 else 0:.2g}, and the eps argument is {eps}. Use the "
+                f"argument.")
+    implied_tc = local * (g_norm + weight_decay * w_norm + eps) / w_norm
+    for usual in (1.0, 0.001, 0.01, 0.02, 0.1):
+        if _close(implied_tc, usual, 1e-6):
+            return (f"{differs}: your local lr is {local:.9g}, LARS's {want:.9g}; it uses a trust coefficient of "
+                    f"{usual:g}, and the trust_coefficient argument is {trust_coefficient}. Use the argument.")
+    return f"{differs}: your local lr is {local:.9g}, LARS's trust ratio gives {want:.9g}."
+
+
+def check_lars_step(lars_step) -> None:
     with exercise("7.4"):
-        cases = [("a sweep listed out of order", [512, 32, 128, 2048, 8], [1500.0, 9000.0, 3000.0, 1125.0, 33000.0]),
-                 ("a run that never reached the target", [16, 64, 256, 1024], [None, 900, 400, 380]),
-                 ("the fewest examples not at the smallest batch", [8, 16, 32], [4000, 1500, 1200])]
-        for label, batches, steps in cases:
-            kept = [(b, s) for b, s in zip(batches, steps) if s is not None]
-            s_min = min(s for _, s in kept)
-            e_min = min(b * s for b, s in kept)
-            want = e_min / s_min
-            got = critical_batch(list(batches), list(steps))
-            expect(isinstance(got, (int, float)) and math.isfinite(got),
-                   f"7.4 ({label}): return the critical batch size as a number, got {got!r}")
-            if not math.isclose(got, want, rel_tol=1e-9):
-                expect(not math.isclose(got, max(b * s for b, s in kept) / s_min, rel_tol=1e-9),
-                       f"7.4 ({label}): E_min is the fewest examples, min over the batch sizes of B * S, not the most.")
-                expect(not math.isclose(got, kept[0][0] * kept[0][1] / s_min, rel_tol=1e-9) or kept[0][0] * kept[0][1] == e_min,
-                       f"7.4 ({label}): E_min is the fewest examples over all batch sizes, not those of the first "
-                       f"batch size listed.")
-                expect(False, f"7.4 ({label}, batch sizes {batches}, steps {steps}): you read B_crit = {got:.6g}; "
-                              f"E_min / S_min = {e_min:g} / {s_min:g} = {want:.6g}.")
+        for label, w, g, v, settings in lars_cases():
+            want_w, want_v = _reference_lars(w, g, v, **settings)
+            got = lars_step(w.clone(), g.clone(), v.clone(), **settings)
+            expect(isinstance(got, tuple) and len(got) == 2, f"7.4: return (new_w, new_v), got {type(got).__name__}")
+            got_w, got_v = (torch.as_tensor(t, dtype=torch.float64).detach().clone() for t in got)
+            expect(tuple(got_w.shape) == tuple(w.shape) and tuple(got_v.shape) == tuple(w.shape),
+                   f"7.4 ({label}): new w and new v have the shape of w, {tuple(w.shape)}; got "
+                   f"{tuple(got_w.shape)} and {tuple(got_v.shape)}.")
+            expect(bool(torch.isfinite(got_w).all() and torch.isfinite(got_v).all()),
+                   f"7.4 ({label}): your step gives nan or inf: when ||w|| or ||g|| is 0, the local lr is 1.0 "
+                   f"(0 / 0 otherwise).")
+            if not torch.allclose(got_v, want_v, rtol=1e-9, atol=1e-12):
+                expect(False, _diagnose_lars(label, w, g, v, got_v, want_v, **settings))
+            if not torch.allclose(got_w, want_w, rtol=1e-9, atol=1e-12):
+                old = torch.allclose(got_w, w - v, rtol=1e-9, atol=1e-12)
+                expect(False, f"7.4 ({label}): new v is right, but new w differs by up to "
+                              f"{(got_w - want_w).abs().max().item():.3g}"
+                              + (": you moved w by the old buffer; it moves by the new one." if old else "."))
