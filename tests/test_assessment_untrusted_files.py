@@ -1,0 +1,417 @@
+"""The grader's readers of files a submission controls: the saved model (assessment.model_file) and the
+notebook (assessment.submission.read). Every bad file is refused with its own message, and nothing but
+ModelFileError / SubmissionError ever comes out.
+
+Loading a model file starts a child that imports torch (3-10 s on a busy 2-core machine), so only what
+needs the child (a correct file, the memory limit, the timeout) goes through it, in one shared fixture;
+every kind of bad content is refused by the checks the child runs (model_file.load_and_check), called
+here on files these tests wrote.
+"""
+import json
+import os
+import resource
+import struct
+import subprocess
+import threading
+import zipfile
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import nbformat
+import psutil
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from assessment import model_file
+from assessment.model_file import ModelFileError, load_state_dict
+from assessment.submission import INSTRUCTOR, Submission, SubmissionError, owned_cells, read, restore
+from utils.models import CNN
+
+GIB = 1 << 30
+
+
+def cnn_state() -> dict:
+    """The same fresh CNN weights each call, leaving the global random state as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return CNN((1, 28, 28)).state_dict()
+
+
+EXPECTED = {k: (tuple(v.shape), v.dtype) for k, v in cnn_state().items()}
+
+
+# ---- helpers: zip archives written byte by byte (zipfile cannot write a lying one), memory watch ----
+
+def write_zip(path, entries):
+    """entries: (name, method, data, declared uncompressed size). CRCs are left 0: nothing here reads the data."""
+    out, central = bytearray(), bytearray()
+    for name, method, data, size in entries:
+        raw, offset = name.encode(), len(out)
+        out += struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0, method, 0, 0x21, 0, len(data), size, len(raw), 0)
+        out += raw + data
+        central += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 20, 20, 0, method, 0, 0x21, 0, len(data), size,
+                               len(raw), 0, 0, 0, 0, 0, offset) + raw
+    start = len(out)
+    out += central + struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, len(entries), len(entries), len(central), start, 0)
+    path.write_bytes(bytes(out))
+    return path
+
+
+def deflated_zeros(mib: int) -> bytes:
+    """A raw deflate stream of ``mib`` MiB of zeros (~1 KB per MiB), built without compressing them all:
+    after a sync flush, every further MiB of zeros compresses to the same bytes."""
+    pack = zlib.compressobj(9, zlib.DEFLATED, -15)
+    first = pack.compress(bytes(1 << 20)) + pack.flush(zlib.Z_SYNC_FLUSH)
+    more = pack.compress(bytes(1 << 20)) + pack.flush(zlib.Z_SYNC_FLUSH)
+    return first + more * (mib - 1) + pack.flush()
+
+
+def test_the_zip_bomb_helper_makes_what_it_says():
+    stream = deflated_zeros(8)
+    assert zlib.decompressobj(-15).decompress(stream) == bytes(8 << 20)
+    assert len(deflated_zeros(1024)) < 1_100_000  # the bombs below are ~1 MB files that expand to 1 GiB
+
+
+@contextmanager
+def memory_growth():
+    """Yields a dict that gets 'bytes': how far this process's RSS rose meanwhile (sampled, and the peak)."""
+    me, box, stop = psutil.Process(), {}, threading.Event()
+    start = me.memory_info().rss
+    peak, max_before = [start], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    def sample():
+        while not stop.wait(0.002):
+            peak[0] = max(peak[0], me.memory_info().rss)
+
+    watcher = threading.Thread(target=sample, daemon=True)
+    watcher.start()
+    try:
+        yield box
+    finally:
+        stop.set()
+        watcher.join()
+        max_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        box["bytes"] = max(peak[0] - start, max_after - max_before)
+
+
+# ---- the model file: refused from the zip's directory, before anything is decompressed ----
+
+def refused(path, expected=EXPECTED, **kw) -> str:
+    with pytest.raises(ModelFileError) as caught:
+        load_state_dict(path, expected, **kw)
+    return str(caught.value)
+
+
+def test_an_honest_zip_bomb_is_refused_without_expanding(tmp_path):
+    bomb = write_zip(tmp_path / "bomb.pt", [("archive/data/0", zipfile.ZIP_DEFLATED, deflated_zeros(1024), GIB)])
+    assert bomb.stat().st_size < 1_100_000
+    with memory_growth() as grew:
+        message = refused(bomb)
+        # Weights that really take 1 GiB: the size caps allow it, the compression ratio does not.
+        big = refused(bomb, {"w": ((GIB // 4,), torch.float32)})
+    assert grew["bytes"] < 100e6
+    assert "zip bomb" in message and "expands" in message and "1073.7 MB" in message
+    assert "zip bomb" in big and "expands" in big
+
+
+def test_a_zip_bomb_that_lies_about_its_size_is_refused_without_expanding(tmp_path):
+    # A real torch.save archive whose largest record is swapped for 1 GiB of zeros declared as its true size:
+    # torch's own reader would stop at the declared size, but the lie itself is enough to refuse it.
+    torch.save(cnn_state(), tmp_path / "real.pt")
+    entries = []
+    with zipfile.ZipFile(tmp_path / "real.pt") as real:
+        for info in real.infolist():
+            data = real.read(info)
+            lie = info.filename.endswith("data/4")
+            entries.append((info.filename, 8 if lie else 0, deflated_zeros(1024) if lie else data, len(data)))
+    bomb = write_zip(tmp_path / "lying.pt", entries)
+    with memory_growth() as grew:
+        message = refused(bomb)
+    assert grew["bytes"] < 100e6
+    assert "declares 147456 bytes but holds" in message and "declared size is false" in message
+
+
+def test_files_that_cannot_be_a_state_dict_are_refused_before_loading(tmp_path):
+    def stored(name, size):
+        return (name, zipfile.ZIP_STORED, bytes(size), size)
+    (tmp_path / "random.pt").write_bytes(os.urandom(1000))
+    (tmp_path / "empty.pt").write_bytes(b"")
+    (tmp_path / "huge.pt").write_bytes(bytes(3_000_000))
+    (tmp_path / "folder.pt").mkdir()
+    (tmp_path / "link.pt").symlink_to("/dev/zero")
+    cases = {
+        "random.pt": "not a zip archive",
+        "empty.pt": "is empty (was the saving interrupted?)",
+        "huge.pt": "the model file is 3.0 MB, but the model's weights take 0.2 MB",
+        "folder.pt": "is a link or not a regular file",
+        "link.pt": "is a link or not a regular file",
+        "missing.pt": "there is no model file",
+    }
+    write_zip(tmp_path / "many.pt", [stored(f"a/{i}", 1) for i in range(400)])
+    cases["many.pt"] = "has 400 entries; a state_dict of 8 tensors has at most 308"
+    write_zip(tmp_path / "entry.pt", [stored("a/data.pkl", 2_000_000)])
+    cases["entry.pt"] = "declares 2.0 MB, more than the model's largest tensor"
+    write_zip(tmp_path / "total.pt", [stored("a/0", 700_000), stored("a/1", 700_000)])
+    cases["total.pt"] = "entries declare 1.4 MB in all, but the model's weights take 0.2 MB"
+    write_zip(tmp_path / "bzip.pt", [("a/data.pkl", zipfile.ZIP_BZIP2, b"x" * 10, 10)])
+    cases["bzip.pt"] = "compressed with method 12, which torch.load cannot read"
+    write_zip(tmp_path / "stored.pt", [("a/data.pkl", zipfile.ZIP_STORED, b"x" * 10, 5000)])
+    cases["stored.pt"] = "stored uncompressed, yet its sizes differ"
+    for name, words in cases.items():
+        message = refused(tmp_path / name)
+        assert words in message, (name, message)
+        assert "torch.save" in message  # and what to save instead
+    assert len({refused(tmp_path / name) for name in cases}) == len(cases)
+
+
+# ---- the model file's contents: the checks the child makes, run here on files these tests wrote ----
+
+class Payload:
+    """Unpickling this runs os.mkdir: weights_only must refuse it before it can."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.mkdir, (self.marker,)
+
+
+def with_value(key, value) -> dict:
+    state = cnn_state()
+    state[key] = value
+    return state
+
+
+def content_cases(tmp_path):
+    state = cnn_state()
+    nan = state["fc1.weight"].clone()
+    nan[3, 5] = float("nan")
+    quantized = torch.quantize_per_tensor(state["fc2.bias"], 0.1, 0, torch.qint8)
+    missing = {k: v for k, v in state.items() if k != "fc2.bias"}
+    return {
+        "sparse": (with_value("fc2.weight", state["fc2.weight"].to_sparse()), "fc2.weight is a sparse_coo tensor"),
+        "meta": (with_value("fc2.bias", torch.empty(10, device="meta")), "fc2.bias is a meta tensor"),
+        "quantized": (with_value("fc2.bias", quantized), "fc2.bias is a quantized tensor (qint8)"),
+        "nested": (with_value("fc2.bias", torch.nested.nested_tensor([torch.zeros(3), torch.zeros(7)])),
+                   "fc2.bias is a nested tensor"),
+        "dtype": (with_value("fc1.weight", state["fc1.weight"].double()),
+                  "fc1.weight is float64, the model's is float32: convert the model back first (e.g. model.float())"),
+        "shape": (with_value("fc1.weight", torch.zeros(64, 288)),
+                  "fc1.weight has shape (64, 288), the model's has (128, 288)"),
+        "extra": (with_value("fc3.weight", torch.zeros(3)), "it has fc3.weight, which the model does not"),
+        "missing": (missing, "it lacks fc2.bias"),
+        "ddp": ({f"module.{k}": v for k, v in state.items()}, "every name starts with 'module.'"),
+        "nan": (with_value("fc1.weight", nan), "fc1.weight holds NaN or infinite values (1 of 36864)"),
+        "not a tensor": (with_value("fc2.bias", 3), "holds a value of type int under fc2.bias, not a tensor"),
+        "not a dict": (list(state.values()), "holds a value of type list, not a state_dict"),
+        "whole model": (CNN((1, 28, 28)), "GLOBAL utils.models.CNN"),
+        "payload": (with_value("fc2.bias", Payload(str(tmp_path / "pwned"))), "GLOBAL posix.mkdir"),
+    }
+
+
+def test_every_bad_content_is_refused_with_its_own_message(tmp_path):
+    messages = set()
+    for name, (obj, words) in content_cases(tmp_path).items():
+        torch.save(obj, tmp_path / f"{name}.pt")
+        state, why = model_file.load_and_check(tmp_path / f"{name}.pt", EXPECTED)
+        assert state is None and words in why, (name, why)
+        messages.add(why)
+    with zipfile.ZipFile(tmp_path / "other.pt", "w") as other:  # a zip, but not one torch.save wrote
+        other.writestr("notes.txt", "hello")
+    state, why = model_file.load_and_check(tmp_path / "other.pt", EXPECTED)
+    assert state is None and "could not be read by torch.load" in why
+    assert len(messages | {why}) == len(content_cases(tmp_path)) + 1
+    assert not (tmp_path / "pwned").exists()  # the __reduce__ payload never ran
+
+
+# ---- the model file end to end: the child process, its limits, and what comes back ----
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    """name -> what load_state_dict returned or raised, for files run through the real child process.
+
+    Each child costs a torch import (3-10 s on a busy 2-core machine): the refusals of each kind of
+    content are tested above, on the same checks run in this process; here, only what needs the child."""
+    folder = tmp_path_factory.mktemp("model-files")
+    torch.save(cnn_state(), folder / "good.pt")
+    torch.save({"w": torch.zeros(8 << 20)}, folder / "big.pt")  # 32 MiB to load, against an 8 MiB limit
+    runs = {"good": ("good.pt", EXPECTED, {}),
+            "memory": ("big.pt", {"w": ((8 << 20,), torch.float32)}, {"memory_bytes": 8 << 20}),
+            "slow": ("good.pt", EXPECTED, {"timeout_s": 0.2})}
+
+    def run(name):
+        file, expected, options = runs[name]
+        try:
+            return load_state_dict(folder / file, expected, **options)
+        except Exception as error:  # kept, not raised: the tests check its type
+            return error
+
+    with ThreadPoolExecutor(2) as pool:  # also shows that concurrent loads (grade --jobs 2) keep apart
+        return dict(zip(runs, pool.map(run, runs)))
+
+
+def test_a_correct_state_dict_comes_back_equal_as_plain_tensors(loaded):
+    state, saved = loaded["good"], cnn_state()
+    assert isinstance(state, dict) and list(state) == list(saved)
+    for key, value in saved.items():
+        assert type(state[key]) is torch.Tensor and state[key].is_contiguous() and state[key].device.type == "cpu"
+        assert state[key].dtype == value.dtype and torch.equal(state[key], value)
+    model = CNN((1, 28, 28))
+    model.load_state_dict(state)  # what the grader does next
+
+
+@pytest.mark.parametrize("name, words", [
+    ("memory", "needs more memory than the grader allows"),
+    ("slow", "took longer than 0.2 s and was stopped"),
+])
+def test_the_child_refuses_with_its_own_message(loaded, name, words):
+    assert isinstance(loaded[name], ModelFileError), loaded[name]
+    assert words in str(loaded[name]) and "torch.save" in str(loaded[name])
+
+
+def test_a_crashed_or_failing_child_is_a_model_file_error(tmp_path, monkeypatch):
+    torch.save(cnn_state(), tmp_path / "good.pt")
+
+    def answer(returncode, stdout="", stderr=""):
+        done = subprocess.CompletedProcess([], returncode, stdout, stderr)
+        monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: done)
+        return refused(tmp_path / "good.pt")
+
+    assert "was killed (likely over the memory limit of 1024 MiB)" in answer(-9)
+    assert "crashed (SIGSEGV)" in answer(-11)
+    assert "exit status 1: Fatal Python error" in answer(1, "", "Fatal Python error: Aborted")
+    size = sum(v.numel() * v.element_size() for v in cnn_state().values())
+    assert f"loader wrote 0 bytes, not {size}" in answer(0, '{"ok": true}')  # it said ok but wrote nothing
+
+    def fail(*args, **kwargs):
+        raise OSError(24, "Too many open files")
+    monkeypatch.setattr(subprocess, "run", fail)
+    assert "could not be checked (OSError" in refused(tmp_path / "good.pt")
+
+
+# ---- the notebook: strict reading before nbformat ----
+
+def instructor_json() -> dict:
+    return json.loads(INSTRUCTOR.read_text())
+
+
+def edited(edit) -> str:
+    nb = instructor_json()
+    edit(nb)
+    return json.dumps(nb)
+
+
+def cell_set(field, value, index=3) -> str:
+    return edited(lambda nb: nb["cells"][index].__setitem__(field, value))
+
+
+def cell_pop(field) -> str:
+    return edited(lambda nb: nb["cells"][3].pop(field))
+
+
+def top_set(field, value) -> str:
+    return edited(lambda nb: nb.__setitem__(field, value))
+
+
+def malformed_notebooks() -> dict:
+    """name -> (the file's content, words its refusal must hold)."""
+    return {
+        "top-level list": ("[1, 2]", "is JSON but not a notebook (it is a JSON list, not an object with cells)"),
+        "cells a dict": (top_set("cells", {}), "it has no list of cells). Save it"),
+        "cell a string": (edited(lambda nb: nb["cells"].__setitem__(2, "x")), "cell 2 of the notebook is of type str"),
+        "no cell_type": (cell_pop("cell_type"), "cell 3 of the notebook has no cell_type"),
+        "cell_type int": (cell_set("cell_type", 3), "has cell_type 3; a cell is code, markdown or raw"),
+        "cell_type name": (cell_set("cell_type", "python"), "has cell_type 'python'; a cell is"),
+        "source int": (cell_set("source", 5), "has a source of type int, not text"),
+        "source list": (cell_set("source", ["a", 1]), "has a source of type list, not text"),
+        "no source": (cell_pop("source"), "cell 3 of the notebook has no source"),
+        "id int": (cell_set("id", 7), "has an id of type int, not a string"),
+        "metadata list": (cell_set("metadata", []), "has metadata of type list, not a JSON object"),
+        "no metadata": (cell_pop("metadata"), "cell 3 of the notebook has no metadata"),
+        "outputs dict": (cell_set("outputs", {}), "has outputs of type dict, not a list"),
+        "format string": (top_set("nbformat", "4"), "is in format '4', not format 4"),
+        "format 3": (top_set("nbformat", 3), "is in format 3, not format 4"),
+        "no format": (edited(lambda nb: nb.pop("nbformat")), "is in format None, not format 4"),
+        "minor string": (top_set("nbformat_minor", "5"), "nbformat_minor is not a whole number"),
+        "top metadata": (top_set("metadata", "x"), "the notebook has no metadata (a JSON"),
+        "many cells": (edited(lambda nb: nb.__setitem__("cells", nb["cells"] * 40)), "has 1120 cells; the grader"),
+        "long source": (cell_set("source", "x" * 2_000_001), "more than 2,000,000 characters of source"),
+        "lone surrogate": (cell_set("source", "\ud800"), "holds characters that are not valid Unicode text"),
+        "not utf-8": ('{"cells": []}'.encode("utf-16"), "it is not UTF-8 text"),
+        "not json": ('{"cells": [', "it is not valid JSON (Expecting value"),
+        "100000 deep": ("[" * 100000 + "]" * 100000, "its JSON nests too deeply to read"),
+        "150 deep": (edited(lambda nb: nb["metadata"].__setitem__("x", json.loads("[" * 150 + "]" * 150))),
+                     "nests more than 100 levels deep"),
+        "5000 digits": ('{"cells": [], "x": ' + "7" * 5000 + "}", "holds a number too long to read (over 4300"),
+        "30 MB": (edited(lambda nb: nb["metadata"].__setitem__("x", "y" * 30_000_000)),
+                  "the notebook file is 30.0 MB; the grader reads at most 20 MB. Clear the outputs"),
+    }
+
+
+def test_every_malformed_notebook_is_a_submission_error_with_its_own_message(tmp_path):
+    messages, cases = set(), malformed_notebooks()
+    for name, (content, words) in cases.items():
+        path = tmp_path / "submission.ipynb"
+        path.write_bytes(content.encode("utf-8", "surrogatepass") if isinstance(content, str) else content)
+        with pytest.raises(SubmissionError) as caught:
+            read(path)
+        assert words in str(caught.value), (name, str(caught.value))
+        messages.add(str(caught.value))
+    assert len(messages) == len(cases)
+    (tmp_path / "folder.ipynb").mkdir()
+    with pytest.raises(SubmissionError, match="is not a regular file"):
+        read(tmp_path / "folder.ipynb")
+
+
+def test_a_notebook_jupyter_saved_still_reads():
+    nb = nbformat.read(INSTRUCTOR, as_version=4)
+    assert [c.id for c in read(INSTRUCTOR).cells] == [c.id for c in nb.cells]
+    assert isinstance(restore(INSTRUCTOR), Submission)
+
+
+# Random JSON, mostly a notebook with one field spoilt, so that much of it gets past read() into restore().
+IDS = sorted({c["id"] for c in instructor_json()["cells"]} | {"x"})
+OWNED = owned_cells(nbformat.read(INSTRUCTOR, as_version=4))
+anything = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6),
+                        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                                      max_size=3), max_leaves=8)
+odd = anything | st.just("\udc80")  # a lone surrogate: valid JSON ("\\udc80"), not valid text
+
+
+def spoil(thing: dict, key: str, value, drop: bool) -> dict:
+    thing = dict(thing)
+    if drop:
+        thing.pop(key, None)
+    else:
+        thing[key] = value
+    return thing
+
+
+good_cells = st.fixed_dictionaries({
+    "cell_type": st.sampled_from(["code", "markdown", "raw"]), "id": st.sampled_from(IDS),
+    "source": st.text(max_size=20) | st.lists(st.text(max_size=5), max_size=3),
+    "metadata": st.just({}), "outputs": st.just([]), "execution_count": st.none()})
+cells = good_cells | st.builds(spoil, good_cells, st.sampled_from(
+    ["cell_type", "id", "source", "metadata", "outputs", "execution_count"]), odd, st.booleans()) | anything
+good_notebooks = st.fixed_dictionaries({"cells": st.lists(cells, max_size=8), "nbformat": st.just(4),
+                                        "nbformat_minor": st.just(5), "metadata": st.just({})})
+notebooks = good_notebooks | st.builds(spoil, good_notebooks, st.sampled_from(
+    ["cells", "nbformat", "nbformat_minor", "metadata"]), odd, st.booleans())
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(content=notebooks.map(json.dumps) | anything.map(json.dumps) | st.binary(max_size=64))
+def test_restore_raises_only_submission_error_for_any_json(tmp_path_factory, content):
+    path = tmp_path_factory.getbasetemp() / "fuzz.ipynb"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8", "surrogatepass"))
+    try:
+        submission = restore(path)
+    except SubmissionError as error:
+        assert str(error)
+        return
+    assert isinstance(submission, Submission) and set(submission.answers) <= set(OWNED)
+    nbformat.writes(submission.restored).encode("utf-8")  # the grader can write out what it runs,
+    submission.code.encode("utf-8")                        # and the learner's code for the probes
