@@ -38,8 +38,10 @@ class Submission:
 
 
 def owned_cells(nb: nbformat.NotebookNode) -> dict[str, str]:
-    """Cell id -> cell type, for every cell the learner writes (it holds a solution block)."""
-    return {cell.id: cell.cell_type for cell in nb.cells if BEGIN_SOLUTION in cell.source}
+    """Cell id -> cell type, for every cell the learner writes: it holds a solution block (instructor
+    edition) or is marked as the learner's answer (learner edition, so a learner bundle can grade too)."""
+    return {cell.id: cell.cell_type for cell in nb.cells
+            if BEGIN_SOLUTION in cell.source or cell.metadata.get("course", {}).get("answer")}
 
 
 MAX_BYTES = 20_000_000      # the file, outputs included (the assessment as handed out is ~25 kB)

@@ -137,9 +137,6 @@ def judge_job(results: list[dict], secret: int) -> str | None:
     shard = N_PROBE // world
     if any(r["weights"] is None for r in results):
         return "train() never called make_model(): build the model with make_model() on every rank"
-    if any(r["optimizers"] != 1 for r in results):
-        return ("train() must build its optimizer once, with make_optimizer(parameters, global_batch, steps_per_epoch) "
-                "returning (optimizer, scheduler): the grader swaps in its own to compare your job with one process")
     if any(r["printed"].strip() for r in results[1:]):
         rank = next(i for i, r in enumerate(results) if i and r["printed"].strip())
         return f"rank {rank} printed {results[rank]['printed'].strip()[:60]!r}: only rank 0 may log"
@@ -162,6 +159,9 @@ def judge_job(results: list[dict], secret: int) -> str | None:
                 "each epoch")
     if not all(_same(r["weights"], results[0]["weights"], 1e-6) for r in results):
         return "the ranks ended with different weights: train the DistributedDataParallel model (wrap_model)"
+    if any(r["optimizers"] != 1 for r in results):
+        return ("train() must build its optimizer once, with make_optimizer(parameters, global_batch, steps_per_epoch) "
+                "returning (optimizer, scheduler): the grader swaps in its own to compare your job with one process")
     if not _same(results[0]["weights"], reference_job(results, secret), 1e-5):
         return ("the trained weights are not those of one process taking the same global batches in the same order: "
                 "each step is one train_step on this rank's batch of the DDP model, then scheduler.step(); no extra "

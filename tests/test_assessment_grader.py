@@ -2,12 +2,15 @@
 
 One batch of submissions is graded once (two at a time, quick mode) and every test reads its CSV,
 feedback and the machine's process table. Each hostile submission is the instructor's solution
-plus one attack, so the points it keeps show that the attack neither helped it nor harmed the rest
-(except where the attack replaces the grader's functions: that fails every probed criterion).
+plus attacks, so the points it keeps show that the attacks neither helped it nor harmed the rest
+(except where the attack replaces the grader's functions: that fails every probed criterion). The
+escaper tries every way out of the sandbox an outside test found in the earlier grader and prints
+ESCAPED for each that works; the thief looks everywhere for the instructor edition.
 """
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -16,6 +19,7 @@ import textwrap
 import nbformat
 import pytest
 
+from assessment import grade as grade_module
 from assessment import sandbox
 from assessment.criteria import CRITERIA
 from assessment.submission import INSTRUCTOR, SubmissionError, restore
@@ -73,8 +77,13 @@ CHEATER = """
 import glob, json, os
 json.dump({"accuracy": 0.99}, open("metrics.json", "w"))
 open("grades.csv", "w").write("submission,total\\ncheater,999\\n")
-criteria.judge_job = lambda results: None
+criteria.rank_job = lambda *args: {}
 criteria.check_on_engines = lambda *a, **k: print("passed")
+try:
+    from assessment import verdicts        # the judges: not in the sandbox
+    verdicts.judge = lambda *args: None
+except ImportError:
+    pass
 try:
     open(os.path.join(os.path.dirname(criteria.__file__), "grade.py"), "a").write("\\n# edited")
 except OSError:
@@ -121,6 +130,78 @@ if rank == 0:
 """
 
 
+HOST_MARKER = f"/tmp/course-grader-test-marker-{os.getpid()}"
+
+ESCAPER = """
+%%px --local
+# Runs in the kernel and on every engine: tries every way out, prints ESCAPED for each that works.
+import glob, os, site, subprocess
+def _escaped(what):
+    print(f"ESCAPED: {what}")
+if os.getuid() == 0 or os.geteuid() == 0:
+    _escaped("runs as root")
+if subprocess.run(["mount", "-o", "remount,rw", "/course"], capture_output=True).returncode == 0:
+    _escaped("remounted the course read-write")
+for _target in [criteria.__file__, *(os.path.join(p, "course-evil.pth") for p in site.getsitepackages())]:
+    try:
+        open(_target, "a").write("\\n")
+        _escaped(f"wrote {_target}")
+    except OSError:
+        pass
+if glob.glob("HOST_MARKER*"):
+    _escaped("sees the host's /tmp")
+for _top in ("/", "/root", "/home", "/srv", "/work", "/run", "/var", "/mnt", "/opt"):
+    for _dir, _subdirs, _files in os.walk(_top):
+        if _dir.startswith(("/proc", "/sys", "/usr", "/dev")) or "site-packages" in _dir:
+            _subdirs[:] = []
+            continue
+        for _name in _files:
+            _path = os.path.join(_dir, _name)
+            if _name.endswith(".ipynb") and not _path.startswith(("/course/", os.getcwd())):
+                _escaped(f"sees another notebook {_path}")
+            if _name == "grades.csv" or (_name.startswith("kernel-") and _name.endswith(".json")
+                                         and not _path.startswith(os.getcwd())):
+                _escaped(f"sees {_path}")
+            if _name.endswith(".ipynb") and "BEGIN SOLUTION" in open(_path, errors="replace").read():
+                _escaped(f"found the instructor edition at {_path}")
+# A flood of display updates (each replaces the output shown under one display id).
+from IPython.display import display
+_handle = display("start", display_id=True)
+for _ in range(40):
+    _handle.update("u" * 200_000)
+# The model file the run saves is swapped for sparse tensors after the run that counts.
+_train = train
+def train(epochs, global_batch, model_path):
+    history = _train(epochs, global_batch, model_path)
+    if globals().get("rank", 0) == 0 and model_path == settings.MODEL_FILE:
+        torch.save({k: v.to_sparse() for k, v in torch.load(model_path).items()}, model_path)
+    return history
+""".replace("HOST_MARKER", HOST_MARKER)
+
+THIEF = """
+# Looks for the instructor edition anywhere it can read and runs its solution of this cell.
+import json, os
+def _notebooks():
+    for top, dirs, files in os.walk("/"):
+        if top.startswith(("/proc", "/sys", "/dev", "/usr")) or "site-packages" in top:
+            dirs[:] = []
+            continue
+        yield from (os.path.join(top, f) for f in files if f.endswith(".ipynb"))
+def _solutions():
+    for path in _notebooks():
+        try:
+            cells = json.load(open(path))["cells"]
+        except (OSError, ValueError, KeyError):
+            continue
+        for c in cells:
+            text = "".join(c["source"])
+            if "BEGIN SOLUTION" in text and c["cell_type"] == "code":
+                yield text.replace("%%px", "")
+for _code in _solutions():
+    exec(_code)
+"""
+
+
 def batch() -> dict:
     learner = learner_notebook(instructor())
     other = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('another course')")])
@@ -137,7 +218,26 @@ def batch() -> dict:
         "i_cheater": appended("asmt-17", CHEATER.replace("%%px\n", "", 1)),
         "j_leaver_flooder": appended("asmt-14", FLOODER.replace("%%px\n", "", 1),
                                      appended("asmt-17", LEAVER.replace("%%px\n", "", 1))),
+        "k_escaper": _escaper(),
+        "l_thief": edited({"asmt-08": "%%px\n" + THIEF}, learner_notebook(instructor())),
+        # Files that once ended the whole batch: wrong JSON types, deep nesting, a huge number; and
+        # names a spreadsheet would run as formulas.
+        "m_wrong_types": '{"cells": [{"cell_type": 5, "source": [1]}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}',
+        "n_deep": "[" * 100000 + "]" * 100000,
+        "o_huge_number": '{"cells": [], "metadata": {}, "nbformat": ' + "9" * 5000 + ', "nbformat_minor": 5}',
+        "=HYPERLINK(1)": other,
+        "@SUM(1)": other,
+        "z_after_the_attacks": instructor(),   # graded after every attack above: still full marks
     }
+
+
+def _escaper():
+    nb = instructor()
+    source = cell(nb, "asmt-17").source.replace("%%px\n", "", 1)
+    # The escaper's own lines come first; the solution's train() is defined after them, so wrap it last.
+    head, wrap = ESCAPER.strip("\n").split("# The model file the run saves", 1)
+    cell(nb, "asmt-17").source = head + "\n" + source + "\n\n# The model file the run saves" + wrap
+    return nb
 
 
 def write_batch(folder, submissions: dict):
@@ -180,12 +280,17 @@ def leftovers() -> list[str]:
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     if sandbox.isolation_mode() == "none":
-        pytest.skip("the hostile submissions need the sandbox's namespaces (run as root, or enable unprivileged "
-                    "user namespaces): without them they would write to this repository and fill this disk")
+        pytest.skip(f"the hostile submissions need the sandbox's boundary: {sandbox.why_none()}")
     folder, out = tmp_path_factory.mktemp("submissions"), tmp_path_factory.mktemp("grades")
     write_batch(folder, batch())
-    done = grade(folder, out, jobs=2)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    open(HOST_MARKER, "w").close()
+    try:
+        done = grade(folder, out, jobs=2)
+    finally:
+        os.unlink(HOST_MARKER)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before, "a submission changed the submissions"
     feedback = {p.stem: p.read_text() for p in (out / "feedback").glob("*.md")}
     return rows(out), feedback, out, done
 
@@ -196,12 +301,13 @@ def total(row) -> int:
 
 def test_the_csv_has_a_row_per_submission_and_the_columns_instructors_need(graded):
     table, feedback, out, done = graded
-    assert set(table) == set(batch())
+    assert set(table) == {grade_module.csv_cell(name) for name in batch()}
     header = list(next(iter(table.values())))
-    assert header == ["submission", *CRITERIA, "total", "max_total", "q1", "q2"]
+    assert header == ["submission", *CRITERIA, "total", "max_total", "q1", "q2", "grader_error"]
     assert all(int(row["max_total"]) == FULL and row["q1"] == row["q2"] == "" for row in table.values())
-    assert set(feedback) == set(table)
-    assert "graded 10:" in done.stderr and "failed to run" in done.stderr
+    assert len(feedback) == len(table)
+    assert f"graded {len(batch())}:" in done.stderr and "failed to run" in done.stderr
+    assert "isolation: bwrap" in done.stderr and "whole-submission caps" in done.stderr
 
 
 def test_the_instructor_edition_scores_full_marks(graded):
@@ -260,11 +366,43 @@ def test_fake_results_patched_checks_and_a_fake_model_earn_nothing(graded):
     # It replaced two of the grader's functions: every probed criterion fails, and says why.
     assert total(row) == 0, feedback["i_cheater"]
     assert "your code replaced" in feedback["i_cheater"]
-    assert "assessment.criteria.judge_job" in feedback["i_cheater"]
+    assert "assessment.criteria.rank_job" in feedback["i_cheater"]
     assert "assessment.criteria.check_on_engines" in feedback["i_cheater"]
-    assert "not the assessment CNN's state_dict" in feedback["i_cheater"]
+    assert "saved model file was refused" in feedback["i_cheater"]
     assert not (out / "metrics.json").exists()
     assert "# edited" not in (ROOT / "assessment" / "grade.py").read_text()
+
+
+def test_no_way_out_of_the_sandbox_works_and_the_attacks_cost_only_the_attacker(graded):
+    table, feedback, out, _ = graded
+    executed = out / "executed" / "k_escaper.ipynb"
+    outputs = json.dumps([c.get("outputs", []) for c in nbformat.read(executed, as_version=4).cells])
+    assert "ESCAPED" not in outputs, [line for line in outputs.split("\\n") if "ESCAPED" in line][:5]
+    assert "raised" not in feedback["k_escaper"], feedback["k_escaper"]  # every attack ran to its end
+    assert executed.stat().st_size < 4 << 20, "display updates went past the output cap"
+    row = table["k_escaper"]
+    assert total(row) == FULL - CRITERIA["target"][0], feedback["k_escaper"]
+    assert "sparse" in feedback["k_escaper"]
+    assert not list(sandbox.Path(sys.prefix).glob("lib/python*/site-packages/course-evil.pth"))
+    assert total(table["z_after_the_attacks"]) == FULL, feedback["z_after_the_attacks"]
+
+
+def test_the_instructor_edition_is_nowhere_a_submission_can_read(graded):
+    table, feedback, *_ = graded
+    assert total(table["l_thief"]) == 0, feedback["l_thief"]
+
+
+@pytest.mark.parametrize("name", ["m_wrong_types", "n_deep", "o_huge_number"])
+def test_files_that_once_ended_the_batch_score_zero_with_their_reason(graded, name):
+    table, feedback, *_ = graded
+    assert total(table[name]) == 0 and "could not grade" not in feedback[name], feedback[name]
+    assert "Jupyter" in feedback[name], feedback[name]   # says what to do: save it from Jupyter again
+
+
+def test_submission_names_cannot_become_spreadsheet_formulas(graded):
+    table, *_ = graded
+    assert "'=HYPERLINK(1)" in table and "'@SUM(1)" in table
+    assert not any(name[:1] in "=+-@" for name in table)
 
 
 def test_left_processes_a_flood_of_output_and_a_full_disk_do_not_reach_the_grader(graded):
@@ -285,21 +423,20 @@ def test_grading_in_parallel_gives_the_same_csv_as_grading_one_at_a_time(graded,
     assert leftovers() == []
 
 
-def test_the_gpu_time_budget_counts_the_learners_cells_and_applies_only_with_a_gpu_per_worker(monkeypatch):
+def test_the_gpu_time_budget_is_the_graders_own_timing_against_the_solutions_run(monkeypatch):
+    """Only where every worker has a GPU; both times taken by the grader outside the sandbox."""
+    import argparse
+
     import torch
 
-    from assessment import grade as grader
     from assessment import settings
-    def status(run, hidden=0.0):
-        return {"cells": [{"id": "asmt-03", "seconds": 10.0}, {"id": "asmt-17", "seconds": hidden},
-                          {"id": "asmt-20", "seconds": run}]}
-    owned = ["asmt-08", "asmt-11", "asmt-14", "asmt-17"]
+    options = argparse.Namespace(reference_seconds=lambda: 100.0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: settings.WORKERS)
-    assert grader._over_time_budget(status(run=4.0), owned) is None
-    assert "took 12.0 s" in grader._over_time_budget(status(run=12.0), owned)
-    assert "took 10.5 s" in grader._over_time_budget(status(run=0.5, hidden=10.0), owned)  # trained in asmt-17
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: settings.WORKERS - 1)  # engines on the CPU cores
-    assert grader._over_time_budget(status(run=60.0), owned) is None
+    assert grade_module._over_time_budget(100.0 * settings.TIME_FACTOR, options) is None
+    assert "took 250.0 s" in grade_module._over_time_budget(250.0, options)
+    monkeypatch.setattr(grade_module, "_instructor_seconds", lambda options: None)  # no GPU per worker: no budget
+    options = argparse.Namespace(reference_seconds=lambda: grade_module._instructor_seconds(options))
+    assert grade_module._over_time_budget(1e6, options) is None
 
 
 def test_restore_refuses_what_is_not_a_notebook_and_names_missing_cells(tmp_path):

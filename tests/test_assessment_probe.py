@@ -109,16 +109,48 @@ def train(epochs, global_batch, model_path):                # saves the DDP wrap
     loader, sampler = make_train_loader(train_set, global_batch, 0)
     sampler = DistributedSampler(train_set, shuffle=True, seed=0)
     loader = DataLoader(train_set, batch_size=global_batch // world_size, sampler=sampler)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer, schedule = make_optimizer(model.parameters(), global_batch, len(loader))
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
         for x, y in loader:
-            optimizer.zero_grad(); F.cross_entropy(model(x), y).backward(); optimizer.step()
+            optimizer.zero_grad(); F.cross_entropy(model(x), y).backward(); optimizer.step(); schedule.step()
         if rank == 0:
             print("epoch", epoch)
     if rank == 0:
         torch.save(model.state_dict(), model_path)
 """
+
+
+def _job_with(old: str, new: str) -> str:
+    """The solution with one change in train()."""
+    code = solution_code()
+    assert old in code, old
+    return code.replace(old, new, 1)
+
+
+JOB_MISTAKES = {
+    # an optimizer of its own: the grader cannot compare the run with one process
+    "own-optimizer": (("optimizer, schedule = make_optimizer(model.parameters(), global_batch, len(loader))",
+                       "optimizer = torch.optim.SGD(model.parameters(), lr=0.1); "
+                       "schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)"), "make_optimizer"),
+    # the gradients all-reduced a second time by hand, after DDP already averaged them
+    "gradients-reduced-twice": (("loss = train_step(model, optimizer, x, y)",
+                                 "loss = F.cross_entropy(model(x), y); optimizer.zero_grad(); loss.backward()\n"
+                                 "            for p in model.parameters():\n"
+                                 "                dist.all_reduce(p.grad)\n"
+                                 "            optimizer.step()"), "not those of one process"),
+    # one extra step per epoch on rank 0's first batch again
+    "extra-step": (("        total = float(total)", "        train_step(model, optimizer, x, y)\n        total = float(total)"),
+                   "not those of one process"),
+}
+
+
+@pytest.mark.parametrize("name", list(JOB_MISTAKES))
+def test_a_job_that_trains_otherwise_than_one_process_on_the_same_batches_fails(tmp_path, monkeypatch, name):
+    (old, new), words = JOB_MISTAKES[name]
+    got = verdicts(tmp_path, _job_with(old, new), monkeypatch, worlds=(3,))
+    assert got["training_job"] and words in got["training_job"], got["training_job"]
+    assert got["sharding"] is None and got["metrics"] is None
 
 
 @pytest.mark.parametrize("code, expected", [
