@@ -11,13 +11,14 @@ PYTEST_ARGS ?=
 SUBMISSIONS ?=
 JOBS ?= 1
 GRADE_ARGS ?=
+RELEASE_ARGS ?=
 
 .PHONY: help venv lab test release course grade slides
 
 help:
 	@echo "make lab      open JupyterLab on your own copy of the labs in $(WORKSPACE)/"
 	@echo "make test     run the whole test suite (every notebook in quick mode)"
-	@echo "make release  write the learner edition to build/release/"
+	@echo "make release  write the learner bundle (what learners get) to build/release/"
 	@echo "make grade SUBMISSIONS=folder [JOBS=2]  grade assessment notebooks into build/grades/"
 	@echo "make course   execute every lab and the assessment (full mode; COURSE_QUICK=1 for quick) into"
 	@echo "              build/course/: executed notebooks, HTML pages and index.html, the course map"
@@ -40,7 +41,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 release: $(STAMP)
-	$(BIN)/python -m utils.release --out build/release
+	$(BIN)/python -m utils.release --out build/release $(RELEASE_ARGS)
 
 # Every lab, then the assessment where it exists; the index links to the decks that `slides` built.
 course: $(STAMP) slides

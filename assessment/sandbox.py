@@ -484,7 +484,7 @@ def _run_unprotected(command, workdir: Path, keep, outdir: Path, limits: Limits,
     start = time.monotonic()
     env = {**env, "HOME": str(workdir), "TMPDIR": str(workdir), "IPYTHONDIR": str(workdir / ".ipython"),
            "JUPYTER_RUNTIME_DIR": str(workdir / ".jupyter-runtime"), "MPLCONFIGDIR": str(workdir / ".matplotlib"),
-           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+           "PYTHONPATH": env.get("PYTHONPATH") or os.environ.get("PYTHONPATH", "")}
     env = {k: v for k, v in env.items() if v}
     launch = _Launch(None, None, limits, _Mounts())
     try:

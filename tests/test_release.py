@@ -110,3 +110,62 @@ def test_release_cli_writes_learner_edition(tmp_path):
     for path in NOTEBOOKS:
         text = (tmp_path / "release" / path.relative_to(ROOT)).read_text()
         assert "BEGIN SOLUTION" not in text
+
+
+def _assessment_secrets() -> list[str]:
+    """Lines of the assessment's solutions, model answers, rubric and hidden tests that appear nowhere else:
+    not in its given cells, the labs (even their solutions) or the library (so finding one means it leaked)."""
+    nb = nbformat.read(ROOT / "assessment" / "assessment.ipynb", as_version=4)
+    inside, outside = [], []
+    for c in nb.cells:
+        mine, theirs = _blocks(c.source)
+        inside += mine
+        outside += theirs
+    public = [c.source for lab in (ROOT / "labs").glob("*.ipynb") for c in nbformat.read(lab, as_version=4).cells]
+    public += [p.read_text() for p in (ROOT / "utils").rglob("*.py")]
+    given = {line.strip() for text in [*outside, *public] for line in text.split("\n")}
+    return sorted({line.strip() for line in inside if len(line.strip()) > 24 and line.strip() not in given})
+
+
+def test_the_learner_bundle_works_and_holds_none_of_the_assessments_secrets(tmp_path):
+    import subprocess
+    import sys
+    bundle = tmp_path / "bundle"
+    release.main(["--out", str(bundle)])
+    secrets = _assessment_secrets()
+    assert len(secrets) > 20  # the solutions, the model answers and rubric, the hidden tests
+    for path in bundle.rglob("*"):
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            leaked = [line for line in secrets if line in text]
+            assert not leaked, f"{path.relative_to(bundle)} holds the assessment's {leaked[:3]}"
+    for name in ("Makefile", "pyproject.toml", "environment.yml", "README.md", "tests/conftest.py",
+                 "assessment/assessment.ipynb", "assessment/verdicts.py", "assessment/grade.py", "utils/release.py"):
+        assert (bundle / name).is_file(), f"the bundle lacks {name}"
+    assert all("BEGIN SOLUTION" not in p.read_text() for p in bundle.rglob("*.ipynb"))
+    # make lab's first step, and make test's collection, work inside the bundle on its own files.
+    done = subprocess.run([sys.executable, "-m", "utils.release", "--workspace", "ws"], cwd=bundle,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and len(list((bundle / "ws").rglob("*.ipynb"))) == len(NOTEBOOKS), done.stderr
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_config.py"],
+                          cwd=bundle, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:]
+    # A learner bundle can grade its own assessment notebook: the learner's cells are marked.
+    from assessment.submission import owned_cells
+    owned = owned_cells(nbformat.read(bundle / "assessment" / "assessment.ipynb", as_version=4))
+    assert owned == owned_cells(nbformat.read(ROOT / "assessment" / "assessment.ipynb", as_version=4))
+
+
+def test_lab_solutions_go_in_only_when_asked_and_never_the_assessments(tmp_path):
+    release.main(["--out", str(tmp_path / "with"), "--lab-solutions"])
+    assert all("BEGIN SOLUTION" in p.read_text() for p in (tmp_path / "with" / "labs").glob("*.ipynb"))
+    assert "BEGIN SOLUTION" not in (tmp_path / "with" / "assessment" / "assessment.ipynb").read_text()
+
+
+def test_the_graders_sandbox_view_has_no_judge_reference_grader_or_tests(tmp_path):
+    release.write_release(tmp_path / "view", for_grading=True)
+    names = {str(p.relative_to(tmp_path / "view")) for p in (tmp_path / "view").rglob("*") if p.is_file()}
+    for hidden in ("assessment/verdicts.py", "assessment/grade.py", "assessment/sandbox.py", "assessment/model_file.py"):
+        assert hidden not in names
+    assert not any(name.startswith(("tests/", "labs/")) for name in names)
+    assert {"assessment/criteria.py", "assessment/probe.py", "assessment/run_notebook.py"} <= names
