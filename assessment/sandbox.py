@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import io
 import os
-import pwd
 import resource
 import shutil
 import signal
@@ -389,13 +388,7 @@ def run(command: list[str], workdir: Path, keep: list[str], outdir: Path, limits
                 return Result(None, False, time.monotonic() - start, mode,
                               f"the sandbox could not start: {type(error).__name__}: {error}", caps)
             stdout, stderr = _Capped(process.stdout, cap), _Capped(process.stderr, 64 << 10)
-            timed_out = False
-            try:
-                process.wait(limits.wall_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(process.pid)
-                process.wait()
+            timed_out = _wait(process, limits.wall_s)
             stdout.join(), stderr.join()
     finally:
         for fd, _ in files:
@@ -440,6 +433,17 @@ def _untar(data: bytes, keep: list[str], outdir: Path, cap: int) -> bool:
     except (tarfile.TarError, OSError, EOFError):
         pass
     return True
+
+
+def _wait(process: subprocess.Popen, seconds: float) -> bool:
+    """Wait for ``process``; past ``seconds``, kill its process group. Returns whether it timed out."""
+    try:
+        process.wait(seconds)
+        return False
+    except subprocess.TimeoutExpired:
+        _kill_group(process.pid)
+        process.wait()
+        return True
 
 
 def _kill_group(pgid: int) -> None:
@@ -492,13 +496,7 @@ def _run_unprotected(command, workdir: Path, keep, outdir: Path, limits: Limits,
                                    stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=launch.child)
     except OSError as error:
         return Result(None, False, 0.0, "none", f"the command could not start: {error}")
-    timed_out = False
-    try:
-        process.wait(limits.wall_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(process.pid)
-        process.wait()
+    timed_out = _wait(process, limits.wall_s)
     _kill_group(process.pid)
     _kill_until_gone(lambda: marked_pids(token))
     for name in keep:
