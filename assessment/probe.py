@@ -134,7 +134,8 @@ def _rank(rank: int, world: int, port: int, code: str, out: str, seeds: dict) ->
             "metrics": functools.partial(criteria.rank_metrics, ns, mine),
             "training_job": functools.partial(criteria.rank_job, ns, shared, model_path)}
     del seeds, mine
-    save, barrier, result_file = torch.save, dist.barrier, Path(out) / f"world{world}_rank{rank}.pt"
+    barrier, result_file = dist.barrier, Path(out) / f"world{world}_rank{rank}.pt"
+    save = functools.partial(_save, torch.save)
     guard = Guard()
     results = {}
     try:
@@ -150,16 +151,29 @@ def _rank(rank: int, world: int, port: int, code: str, out: str, seeds: dict) ->
         if replaced := guard.replaced():
             results = {name: _tampered(replaced) for name in CRITERIA}
             break
-        save(results, result_file)
+        save(results, result_file, tries=1)
         try:
             barrier()  # ranks start each criterion together; a lost rank shows up here
         except Exception:
             break
-    save(results, result_file)
+    save(results, result_file, tries=20)
     try:
         dist.destroy_process_group()
     finally:
         os._exit(0)  # learner threads or hooks must not keep a rank alive
+
+
+def _save(torch_save, results: dict, path: Path, tries: int) -> None:
+    """Write the results whole (a temporary file renamed), retrying while the disk is full: learner code
+    that fills its own disk for a moment must not leave a truncated file (that is judged as a crash)."""
+    for attempt in range(tries):
+        try:
+            torch_save(results, path.with_suffix(".part"))
+            os.replace(path.with_suffix(".part"), path)
+            return
+        except OSError:
+            if attempt + 1 < tries:
+                time.sleep(0.5)
 
 
 def _free_port() -> int:

@@ -42,12 +42,13 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .cgroups import CGROUP_NAME, Cgroups, kill_until_gone
+
 MARKER = "COURSE_SANDBOX_RUN"
 WORK = "/sandbox/work"                 # the command's working folder inside the sandbox
 _ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "nsswitch.conf", "hosts", "localtime",
         "alternatives")
 _TAR_MARK = b"\n--course-sandbox-files--\n"
-_CGROUP_NAME = "course-sandbox"
 
 
 @dataclass
@@ -135,7 +136,7 @@ class _Mounts:
             reachable = [p for p in self.view if _reachable(p, uid)]
             hidden = [p for p in self.view if p not in reachable]
             if hidden:
-                self.stage_root = f"/run/{_CGROUP_NAME}-{uuid.uuid4().hex[:10]}"
+                self.stage_root = f"/run/{CGROUP_NAME}-{uuid.uuid4().hex[:10]}"
                 os.makedirs(self.stage_root, mode=0o755)
                 for i, path in enumerate(hidden):
                     target = os.path.join(self.stage_root, str(i))
@@ -196,94 +197,11 @@ def _bwrap_argv(mounts: _Mounts, files: list[tuple[int, str]], limits: Limits, e
     return argv + ["--chdir", WORK]
 
 
-class _Cgroups:
-    """The whole submission's memory and process caps, where the machine has cgroups we may write."""
-
-    def __init__(self, limits: Limits, token: str):
-        self.dirs: list[Path] = []
-        self.caps: list[str] = []
-        if os.geteuid() != 0:
-            return
-        v2 = Path("/sys/fs/cgroup/cgroup.controllers")
-        if v2.exists():
-            self._v2(Path("/sys/fs/cgroup"), limits, token)
-            return
-        for controller, setting, value, words in (
-                ("memory", "memory.limit_in_bytes", limits.total_memory_bytes,
-                 f"memory {limits.total_memory_bytes >> 20} MiB for the whole submission"),
-                ("pids", "pids.max", limits.max_processes, f"{limits.max_processes} processes and threads")):
-            root = Path("/sys/fs/cgroup") / controller
-            if not (root / "cgroup.procs").exists():
-                continue
-            group = root / _CGROUP_NAME / token
-            try:
-                group.mkdir(parents=True)
-                (group / setting).write_text(str(value))
-                if controller == "memory" and (group / "memory.memsw.limit_in_bytes").exists():
-                    (group / "memory.memsw.limit_in_bytes").write_text(str(value))  # no escape into swap
-            except OSError:
-                _rmdir(group)
-                continue
-            self.dirs.append(group)
-            self.caps.append(words + f" (cgroup v1 {controller})")
-
-    def _v2(self, root: Path, limits: Limits, token: str) -> None:
-        parent = root / _CGROUP_NAME
-        try:
-            parent.mkdir(exist_ok=True)
-            (root / "cgroup.subtree_control").write_text("+memory +pids")
-            (parent / "cgroup.subtree_control").write_text("+memory +pids")
-            group = parent / token
-            group.mkdir()
-            (group / "memory.max").write_text(str(limits.total_memory_bytes))
-            (group / "pids.max").write_text(str(limits.max_processes))
-        except OSError:
-            return
-        self.dirs.append(group)
-        self.caps += [f"memory {limits.total_memory_bytes >> 20} MiB for the whole submission (cgroup v2)",
-                      f"{limits.max_processes} processes and threads (cgroup v2)"]
-
-    def join(self) -> None:
-        """In the launched child, before it drops privileges: put it (and so all it starts) in the groups."""
-        for group in self.dirs:
-            (group / "cgroup.procs").write_text(str(os.getpid()))
-
-    def close(self) -> None:
-        for group in self.dirs:
-            _kill_until_gone(lambda: _pids_in(group))
-            _rmdir(group)
-
-
-def whole_submission_caps() -> list[str]:
-    """The caps on a whole submission this machine gives (made and removed again to find out)."""
-    groups = _Cgroups(Limits(), uuid.uuid4().hex)
-    groups.close()
-    return groups.caps
-
-
-def _pids_in(group: Path) -> list[int]:
-    try:
-        return [int(p) for p in (group / "cgroup.procs").read_text().split()]
-    except OSError:
-        return []
-
-
-def _rmdir(group: Path) -> None:
-    for _ in range(20):
-        try:
-            group.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.1)
-
-
 class _Launch:
     """What the launched process does between fork and exec: cgroups, private staging mounts, rlimits,
     then the sandbox's uid. Everything it needs is prepared before the fork."""
 
-    def __init__(self, uid: int | None, cgroups: _Cgroups | None, limits: Limits, mounts: _Mounts):
+    def __init__(self, uid: int | None, cgroups: Cgroups | None, limits: Limits, mounts: _Mounts):
         import ctypes
         self.ctypes, self.libc = ctypes, ctypes.CDLL(None, use_errno=True)
         self.uid, self.cgroups, self.limits, self.mounts = uid, cgroups, limits, mounts
@@ -367,7 +285,7 @@ def run(command: list[str], workdir: Path, keep: list[str], outdir: Path, limits
                                               f"{view[missing[0]]}) is not a folder")
     inputs = [p for p in sorted(Path(workdir).iterdir()) if p.is_file()]
     files = [(os.open(p, os.O_RDONLY | os.O_CLOEXEC), p.name) for p in inputs]
-    cgroups = _Cgroups(limits, token)
+    cgroups = Cgroups(limits, token)
     caps = [f"CPU {limits.cpu_s} s, address space {limits.memory_bytes >> 20} MiB, files {limits.file_bytes >> 20} "
             f"MiB and {limits.open_files} open, per process", f"work folder and /tmp {limits.disk_bytes >> 20} MiB each",
             f"wall clock {limits.wall_s:.0f} s"] + (cgroups.caps or ["no cgroup: no cap on the whole submission's "
@@ -453,19 +371,6 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def _kill_until_gone(find_pids) -> None:
-    for _ in range(5):  # a process may fork while being killed: look again until none is left
-        pids = find_pids()
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        time.sleep(0.2)
-
-
 # --- no boundary: a learner grading their own notebook -----------------------------------------------
 
 def marked_pids(token: str) -> list[int]:
@@ -498,7 +403,7 @@ def _run_unprotected(command, workdir: Path, keep, outdir: Path, limits: Limits,
         return Result(None, False, 0.0, "none", f"the command could not start: {error}")
     timed_out = _wait(process, limits.wall_s)
     _kill_group(process.pid)
-    _kill_until_gone(lambda: marked_pids(token))
+    kill_until_gone(lambda: marked_pids(token))
     for name in keep:
         source = workdir / name
         if source.is_file() and not source.is_symlink():
@@ -506,3 +411,9 @@ def _run_unprotected(command, workdir: Path, keep, outdir: Path, limits: Limits,
                 (outdir / Path(name).name).write_bytes(src.read(limits.file_bytes))
     return Result(None if timed_out else process.returncode, timed_out, time.monotonic() - start, "none",
                   caps=["per-process limits only: no boundary (the submission runs as you)"])
+
+
+def whole_submission_caps() -> list[str]:
+    """The caps on a whole submission this machine gives, in words (none without root and cgroups)."""
+    from . import cgroups
+    return cgroups.whole_submission_caps(Limits())

@@ -162,12 +162,13 @@ for _top in ("/", "/root", "/home", "/srv", "/work", "/run", "/var", "/mnt", "/o
             if _name == "grades.csv" or (_name.startswith("kernel-") and _name.endswith(".json")
                                          and not _path.startswith(os.getcwd())):
                 _escaped(f"sees {_path}")
-            if _name.endswith(".ipynb") and "BEGIN SOLUTION" in open(_path, errors="replace").read():
+            if (_name.endswith(".ipynb") and not _path.startswith(os.getcwd())
+                    and "BEGIN SOLUTION" in open(_path, errors="replace").read()):
                 _escaped(f"found the instructor edition at {_path}")
 # A flood of display updates (each replaces the output shown under one display id).
 from IPython.display import display
 _handle = display("start", display_id=True)
-for _ in range(40):
+for _ in range(40 if _handle is not None else 0):   # None outside IPython (in the grader's probes)
     _handle.update("u" * 200_000)
 # The model file the run saves is swapped for sparse tensors after the run that counts.
 _train = train
@@ -378,7 +379,7 @@ def test_no_way_out_of_the_sandbox_works_and_the_attacks_cost_only_the_attacker(
     executed = out / "executed" / "k_escaper.ipynb"
     outputs = json.dumps([c.get("outputs", []) for c in nbformat.read(executed, as_version=4).cells])
     assert "ESCAPED" not in outputs, [line for line in outputs.split("\\n") if "ESCAPED" in line][:5]
-    assert "raised" not in feedback["k_escaper"], feedback["k_escaper"]  # every attack ran to its end
+    assert "your code raised" not in feedback["k_escaper"], feedback["k_escaper"]  # every attack ran to its end
     assert executed.stat().st_size < 4 << 20, "display updates went past the output cap"
     row = table["k_escaper"]
     assert total(row) == FULL - CRITERIA["target"][0], feedback["k_escaper"]
