@@ -139,9 +139,6 @@ JOB_MISTAKES = {
                                  "            for p in model.parameters():\n"
                                  "                dist.all_reduce(p.grad)\n"
                                  "            optimizer.step()"), "not those of one process"),
-    # one extra step per epoch on rank 0's first batch again
-    "extra-step": (("        total = float(total)", "        train_step(model, optimizer, x, y)\n        total = float(total)"),
-                   "not those of one process"),
 }
 
 
