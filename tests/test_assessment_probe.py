@@ -211,10 +211,41 @@ for _pid in os.listdir("/proc"):
             continue
         if _SEED in _text:
             raise RuntimeError(f"found the probe's seed in /proc/{_pid}/{_what}")
+# The parent holds the secret and each sibling rank its own seed: their memory must be out of reach.
+for _pid in [str(os.getppid())] + [p for p in os.listdir("/proc") if p.isdigit() and p != str(os.getpid())]:
+    try:
+        _cmd = open(f"/proc/{_pid}/cmdline", "rb").read()
+        if _pid != str(os.getppid()) and b"multiprocessing.spawn" not in _cmd:   # the sibling ranks
+            continue
+        _start = int(open(f"/proc/{_pid}/maps").readline().split("-")[0], 16)
+        with open(f"/proc/{_pid}/mem", "rb") as _mem:
+            _mem.seek(_start)
+            _mem.read(16)
+        raise RuntimeError(f"read the memory of process {_pid} ({_cmd[:80]!r})")
+    except (OSError, ValueError):
+        pass
 raise RuntimeError("the seed is nowhere to be read")
 """
 
 
-def test_the_probe_seed_is_in_no_command_line_environment_or_file(tmp_path, monkeypatch):
-    got = verdicts(tmp_path, SEED_HUNTER, monkeypatch, seed=987654321)
+def test_the_probe_seed_is_in_no_command_line_environment_file_or_readable_memory(tmp_path, monkeypatch):
+    """Run as the grader runs it: in the sandbox, as its unprivileged user, on the grading view."""
+    import sys
+
+    from assessment import sandbox
+    from utils.release import write_release
+    if sandbox.isolation_mode() == "none":
+        pytest.skip(f"no sandbox here: {sandbox.why_none()}")
+    write_release(tmp_path / "view", for_grading=True)
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    (work / "learner.py").write_text(SEED_HUNTER)
+    (work / "seed").write_text("987654321")
+    keep = [f"results/world3_rank{r}.pt" for r in range(3)]
+    result = sandbox.run([sys.executable, "-m", "assessment.probe", "learner.py", "results", "seed", "120", "3"],
+                         work, keep, out, sandbox.Limits(wall_s=200), {"PYTHONPATH": "/course", "COURSE_QUICK": "1"},
+                         view={str(tmp_path / "view"): "/course"})
+    assert not result.failure and not result.timed_out, result
+    monkeypatch.setattr(grade, "PROBE_WORLDS", (3,))
+    got = grade.judge_probes(out, 987654321)
     assert all(reason and "the seed is nowhere to be read" in reason for reason in got.values()), got
