@@ -147,11 +147,17 @@ def job_namespace(ns: dict, seed: int) -> dict:
     x, y = job_data(seed)
     ns["train_set"] = LoggedImages(x, y)
     ns["test_set"] = torch.utils.data.TensorDataset(x[:20].clone(), y[:20].clone())
-    models, batch_sizes, optimizers = [], [], []
+    models, batch_sizes, optimizers, outside_ddp = [], [], [], []
+
+    def record(module, args):
+        if module.training:
+            batch_sizes.append(int(args[0].shape[0]))
+            if not _inside_ddp():
+                outside_ddp.append(len(batch_sizes))
 
     def make_model():
         model = probe_job_model(seed)
-        model.register_forward_pre_hook(lambda m, args: batch_sizes.append(int(args[0].shape[0])) if m.training else None)
+        model.register_forward_pre_hook(record)
         models.append(model)
         return model
 
@@ -161,7 +167,22 @@ def job_namespace(ns: dict, seed: int) -> dict:
         return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
 
     ns["make_model"], ns["make_optimizer"] = make_model, make_optimizer
-    return {"models": models, "batch_sizes": batch_sizes, "optimizers": optimizers}
+    return {"models": models, "batch_sizes": batch_sizes, "optimizers": optimizers, "outside_ddp": outside_ddp}
+
+
+def _inside_ddp() -> bool:
+    """Whether the model's forward was called by a DistributedDataParallel wrapper's forward."""
+    import sys
+
+    from torch.nn.parallel import DistributedDataParallel
+    frame = sys._getframe(2)
+    for _ in range(16):
+        if frame is None:
+            return False
+        if isinstance(frame.f_locals.get("self"), DistributedDataParallel):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def rank_job(ns: dict, seed: int, model_path: str) -> dict:
@@ -181,7 +202,7 @@ def rank_job(ns: dict, seed: int, model_path: str) -> dict:
     return {"printed": out.getvalue(), "fetched": ns["train_set"].fetched, "batch_sizes": probes["batch_sizes"],
             "weights": _weights(probes["models"][-1]) if probes["models"] else None, "saved": saved,
             "keys": list(probes["models"][-1].state_dict()) if probes["models"] else [],
-            "optimizers": len(probes["optimizers"])}
+            "optimizers": len(probes["optimizers"]), "outside_ddp": len(probes["outside_ddp"])}
 
 
 CRITERIA = {

@@ -54,6 +54,7 @@ class Grade:
     notes: list[str] = field(default_factory=list)
     ran: bool = False
     failed: str = ""   # the grader could not grade it: why
+    stem: str = ""     # the file's own name, for the file names of its feedback and executed notebook
 
 
 def _criteria():
@@ -85,8 +86,14 @@ def evaluate_model(path: Path, seed: int) -> tuple[float | None, str]:
     return accuracy, ""
 
 
+RESULTS_BYTES = 16 << 20   # a rank's results are tiny tensors and lists: more is an attack
+
+
 def _load_probe(out: Path, world: int) -> list[dict] | str:
+    """Every rank's results, checked as untrusted archives before they are loaded (tensors only)."""
     import torch
+
+    from .model_file import ModelFileError, check_results_archive
     results = []
     for rank in range(world):
         path = out / f"world{world}_rank{rank}.pt"
@@ -94,7 +101,10 @@ def _load_probe(out: Path, world: int) -> list[dict] | str:
             return (f"on {world} ranks, rank {rank} stopped before it finished (it crashed, exited, or hung past "
                     f"the time limit)")
         try:
+            check_results_archive(path, RESULTS_BYTES)
             results.append(torch.load(path, weights_only=True))
+        except ModelFileError as error:
+            return f"on {world} ranks, rank {rank}'s results were refused: {error}"
         except Exception as error:
             return f"on {world} ranks, rank {rank}'s results could not be read ({type(error).__name__})"
     return results
@@ -128,7 +138,7 @@ def judge_probes(out: Path, secret: int) -> dict[str, str | None]:
 
 def grade_one(path: Path, out: Path, options: argparse.Namespace) -> Grade:
     """Grade one submission; whatever goes wrong becomes this submission's row, never the batch's end."""
-    grade = Grade(path.stem)
+    grade = Grade(path.stem, stem=path.stem)
     grade.points = {name: 0 for name in _criteria()}
     try:
         _grade(path, out, options, grade)
@@ -136,7 +146,12 @@ def grade_one(path: Path, out: Path, options: argparse.Namespace) -> Grade:
         grade.points = {name: 0 for name in _criteria()}
         grade.failed = f"the grader could not grade this notebook: {type(error).__name__}: {error}"[:500]
         grade.reasons = {name: grade.failed for name in _criteria()}
-        print(f"grader: {path.name}: {grade.failed}", file=sys.stderr)
+        print(f"grader: {sandbox.printable(path.name)}: {grade.failed}", file=sys.stderr)
+    # Everything below came, at least in part, from the sandbox: printable text only.
+    grade.name = sandbox.printable(os.fsencode(path.stem).decode("utf-8", "replace"))
+    grade.reasons = {name: sandbox.printable(str(reason))[:2000] for name, reason in grade.reasons.items()}
+    grade.notes = [sandbox.printable(str(note))[:500] for note in grade.notes[:20]]
+    grade.failed = sandbox.printable(grade.failed)
     return grade
 
 
@@ -169,12 +184,12 @@ def _grade(path: Path, out: Path, options: argparse.Namespace, grade: Grade) -> 
             grade.notes.append(f"... and {len(errors) - 5} more cells raised errors")
         if (ran / "executed.ipynb").exists():
             (out / "executed").mkdir(parents=True, exist_ok=True)
-            shutil.copy(ran / "executed.ipynb", out / "executed" / f"{_safe_name(path.stem)}.ipynb")
+            shutil.copy(ran / "executed.ipynb", out / "executed" / f"{safe_name(path.stem)}.ipynb")
 
         probe_work, probe_out = scratch / "probe", scratch / "probe-out"
         probe_work.mkdir()
         (probe_work / "learner.py").write_text(submission.code)
-        secret = secrets.randbelow(2**31)
+        secret = secrets.randbits(128)   # every rank's data comes from it: too many bits to guess
         keep = [f"results/world{w}_rank{r}.pt" for w in PROBE_WORLDS for r in range(w)]
         per_world = options.probe_timeout / len(PROBE_WORLDS)
         (probe_work / "seed").write_text(str(secret))   # read and deleted by the probe before any learner code runs
@@ -307,10 +322,14 @@ def csv_cell(text: str) -> str:
     return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
 
 
-def _safe_name(stem: str) -> str:
-    """A file name made from a submission's: no path separators, no leading dot."""
-    cleaned = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem).lstrip(".")
-    return cleaned[:120] or "submission"
+def safe_name(stem: str) -> str:
+    """A file name made from a submission's: no path separators, no leading dot; where it had to change,
+    a hash of the original keeps two names from becoming one."""
+    cleaned = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_" for c in stem).lstrip(".")[:100]
+    if cleaned != stem:
+        import hashlib
+        cleaned = f"{cleaned or 'submission'}-{hashlib.sha256(os.fsencode(stem)).hexdigest()[:10]}"
+    return cleaned
 
 
 def write_outputs(grades: list[Grade], out: Path) -> Path:
@@ -320,15 +339,15 @@ def write_outputs(grades: list[Grade], out: Path) -> Path:
     (out / "feedback").mkdir(parents=True, exist_ok=True)
     table = out / "grades.csv"
     partial = out / ".grades.csv.part"
-    with open(partial, "w", newline="") as f:
-        writer = csv.writer(f)
+    with open(partial, "w", newline="", encoding="utf-8", errors="replace") as f:
+        writer = csv.writer(f, quoting=csv.QUOTE_ALL)   # a separator inside a name stays inside its cell
         writer.writerow(["submission", *criteria, "total", "max_total", *WRITTEN, "grader_error"])
         for grade in grades:
             writer.writerow([csv_cell(grade.name), *(grade.points.get(n, 0) for n in criteria),
                              sum(grade.points.values()), best, *("" for _ in WRITTEN), csv_cell(grade.failed)])
     partial.replace(table)
     for grade in grades:
-        (out / "feedback" / f"{_safe_name(grade.name)}.md").write_text(feedback(grade))
+        (out / "feedback" / f"{safe_name(grade.stem)}.md").write_text(feedback(grade), encoding="utf-8", errors="replace")
     return table
 
 

@@ -59,7 +59,7 @@ class Limits:
     disk_bytes: int = 256 << 20         # its working folder and /tmp, each (tmpfs)
     open_files: int = 2048
     memory_bytes: int = 8 << 30         # address space per process (not set where CUDA needs more)
-    total_memory_bytes: int = 12 << 30  # the whole submission, files in tmpfs included (cgroup)
+    total_memory_bytes: int = 6 << 30   # the whole submission, files in tmpfs included (cgroup): JOBS=2 fits 24 GiB
     max_processes: int = 512            # the whole submission, threads included (cgroup)
 
 
@@ -170,9 +170,12 @@ def _reachable(path: str, uid: int) -> bool:
 
 
 def _bwrap_argv(mounts: _Mounts, files: list[tuple[int, str]], limits: Limits, env: dict) -> list[str]:
+    # --as-pid-1: no bwrap init inside; the supervisor (non-dumpable) is PID 1, so no process a submission
+    # can read holds bwrap's memory (the --file copies) or the pipes back to the grader.
     argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-            "--cap-drop", "ALL", "--clearenv", "--hostname", "sandbox",
+            "--as-pid-1", "--cap-drop", "ALL", "--clearenv", "--hostname", "sandbox",
             "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev",
+            "--size", str(limits.disk_bytes), "--tmpfs", "/dev/shm",
             "--size", str(limits.disk_bytes), "--tmpfs", "/tmp",
             "--size", str(limits.disk_bytes), "--tmpfs", "/sandbox", "--dir", WORK]
     for top in ("bin", "sbin", "lib", "lib64", "lib32"):
@@ -194,7 +197,7 @@ def _bwrap_argv(mounts: _Mounts, files: list[tuple[int, str]], limits: Limits, e
         argv += ["--file", str(fd), f"{WORK}/{name}"]
     for key, value in env.items():
         argv += ["--setenv", key, value]
-    return argv + ["--chdir", WORK]
+    return argv + ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORK]  # bwrap's own tmpfs read-only
 
 
 class _Launch:
@@ -233,12 +236,20 @@ class _Launch:
             self.libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: bwrap reads its own /proc/self/fd
 
 
-# Runs inside, as the command's parent: the command's own output goes nowhere, and at the end the
-# kept files go to standard output as a tar stream (a submission can only forge its own results).
+# Runs inside as PID 1, the command's parent: non-dumpable (the submission, same uid, cannot read its
+# memory, open its fds or ptrace it), it reaps orphans, the command's own output goes nowhere, and at the
+# end the kept files go to standard output as a tar stream (a submission can only forge its own results).
+# When it exits, the kernel ends every process left in the namespace.
 _SUPERVISOR = r"""
-import io, os, subprocess, sys, tarfile
+import ctypes, io, os, subprocess, sys, tarfile
+ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
 keep, cap = sys.argv[1].splitlines(), int(sys.argv[2])
-code = subprocess.call(sys.argv[3:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+child = subprocess.Popen(sys.argv[3:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+while True:
+    pid, status = os.wait()
+    if pid == child.pid:
+        code = os.waitstatus_to_exitcode(status)
+        break
 out = os.fdopen(1, "wb")
 out.write(b"\n--course-sandbox-files--\n")
 with tarfile.open(fileobj=out, mode="w|") as tar:
@@ -316,8 +327,15 @@ def run(command: list[str], workdir: Path, keep: list[str], outdir: Path, limits
     failure = ""
     found = _untar(stdout.data, keep, outdir, limits.file_bytes)
     if not timed_out and not found and stderr.data.startswith(b"bwrap:"):
-        failure = f"bwrap could not start the sandbox: {stderr.data.decode(errors='replace').strip()[:300]}"
+        failure = f"bwrap could not start the sandbox: {printable(stderr.data.decode(errors='replace'))[:300]}"
     return Result(returncode, timed_out, time.monotonic() - start, mode, failure, caps)
+
+
+def printable(text: str) -> str:
+    """Text from a sandbox made safe to print and store: no control characters (terminal escapes), no lone
+    surrogates (they cannot be written as UTF-8)."""
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    return "".join(c if c.isprintable() or c in "\n" else "?" for c in text).strip()
 
 
 class _Capped(threading.Thread):

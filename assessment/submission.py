@@ -171,6 +171,16 @@ def _python(source: str) -> str:
     return "\n".join(f"# (not run by the grader) {line}" if _MAGIC.match(line) else line for line in lines)
 
 
+def _same_magic(given: str, mine: str) -> str:
+    """The learner's cell with the course's first-line cell magic: a cell the course runs on the engines
+    (``%%px``) runs there, never in the notebook's own kernel (where the given baseline's code lives)."""
+    given_magic = given.split("\n", 1)[0] if given.lstrip().startswith("%%") else ""
+    lines = mine.split("\n")
+    if lines and lines[0].lstrip().startswith("%%"):
+        lines = lines[1:]
+    return "\n".join(([given_magic] if given_magic else []) + lines)
+
+
 def restore(path: Path, instructor: Path = INSTRUCTOR) -> Submission:
     full = nbformat.read(instructor, as_version=4)
     given, owned = learner_notebook(full, "assessment"), owned_cells(full)
@@ -205,7 +215,7 @@ def restore(path: Path, instructor: Path = INSTRUCTOR) -> Submission:
         notes.append(f"{len(extra)} cell(s) you added were kept in your file for your instructor, not run")
     for cell in given.cells:
         if cell.id in theirs:
-            cell.source = theirs[cell.id]
+            cell.source = _same_magic(cell.source, theirs[cell.id]) if cell.cell_type == "code" else theirs[cell.id]
     code = "\n\n".join(_python(theirs.get(c.id, c.source)) for c in given.cells
                        if c.id in owned and c.cell_type == "code")
     answers = {c.id: theirs.get(c.id, "") for c in given.cells if c.id in owned and c.cell_type == "markdown"}

@@ -83,6 +83,9 @@ def judge_ddp_step(results: list[dict], reference: list[torch.Tensor]) -> str | 
     if not all(_same(r["weights"], results[0]["weights"]) for r in results):
         return (f"after {STEP_STEPS} steps on {world} ranks the ranks' weights differ: the ranks started from "
                 f"different weights and their gradients must be averaged; wrap the model in DistributedDataParallel")
+    if not all(r.get("is_ddp") is True for r in results):
+        return ("wrap_model must return the model wrapped in DistributedDataParallel (the ranks' weights agree, "
+                "but not through DDP)")
     if not _same(results[0]["weights"], reference):
         return (f"after {STEP_STEPS} steps on {world} ranks the ranks agree with each other but not with one "
                 f"process training on the whole global batch: a step is zero_grad, the mean cross-entropy loss of "
@@ -159,6 +162,9 @@ def judge_job(results: list[dict], secret: int) -> str | None:
                 "each epoch")
     if not all(_same(r["weights"], results[0]["weights"], 1e-6) for r in results):
         return "the ranks ended with different weights: train the DistributedDataParallel model (wrap_model)"
+    if any(r["outside_ddp"] for r in results):
+        return ("some training batches went through the model itself, not through its DistributedDataParallel "
+                "wrapper: every training step runs the wrapped model (wrap_model(make_model()))")
     if any(r["optimizers"] != 1 for r in results):
         return ("train() must build its optimizer once, with make_optimizer(parameters, global_batch, steps_per_epoch) "
                 "returning (optimizer, scheduler): the grader swaps in its own to compare your job with one process")

@@ -203,6 +203,22 @@ for _code in _solutions():
 """
 
 
+# Found by an outside test. A cell without %%px ran in the notebook's kernel, where the given baseline
+# lives, and saved its model; the grader now runs every learner cell where the course's cell runs.
+BASELINE_IN_THE_KERNEL = """
+model, _ = train_one_process(settings.EPOCHS, settings.BASE_BATCH, settings.BASE_LR)
+torch.save(model.state_dict(), settings.MODEL_FILE)
+"""
+# A lone surrogate in an error, and a status file planted read-only: each once ended the batch.
+SURROGATE = "%%px\nraise ValueError('\\ud800')"
+PLANTER = """%%px
+import json, os
+if rank == 0:
+    json.dump({"completed": True, "cell_errors": [{"cell": "x", "message": "\\ud800 \\x1b[2J"}]}, open("status.json", "w"))
+    os.chmod("status.json", 0o444)
+"""
+
+
 def batch() -> dict:
     learner = learner_notebook(instructor())
     other = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('another course')")])
@@ -220,7 +236,8 @@ def batch() -> dict:
         "j_leaver_flooder": appended("asmt-14", FLOODER.replace("%%px\n", "", 1),
                                      appended("asmt-17", LEAVER.replace("%%px\n", "", 1))),
         "k_escaper": _escaper(),
-        "l_thief": edited({"asmt-08": "%%px\n" + THIEF}, learner_notebook(instructor())),
+        "l_thief": edited({"asmt-08": "%%px\n" + THIEF, "asmt-11": PLANTER, "asmt-14": SURROGATE,
+                           "asmt-17": BASELINE_IN_THE_KERNEL}, learner_notebook(instructor())),
         # Files that once ended the whole batch: wrong JSON types, deep nesting, a huge number; and
         # names a spreadsheet would run as formulas.
         "m_wrong_types": '{"cells": [{"cell_type": 5, "source": [1]}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}',
@@ -228,6 +245,9 @@ def batch() -> dict:
         "o_huge_number": '{"cells": [], "metadata": {}, "nbformat": ' + "9" * 5000 + ', "nbformat_minor": 5}',
         "=HYPERLINK(1)": other,
         "@SUM(1)": other,
+        os.fsdecode(b"q_\xff_name"): other,   # not UTF-8
+        "r_vic~tim": '{"cells": [ not json',    # a name that cleans up to the next one's
+        "r_vic_tim": other,
         "z_after_the_attacks": instructor(),   # graded after every attack above: still full marks
     }
 
@@ -302,11 +322,12 @@ def total(row) -> int:
 
 def test_the_csv_has_a_row_per_submission_and_the_columns_instructors_need(graded):
     table, feedback, out, done = graded
-    assert set(table) == {grade_module.csv_cell(name) for name in batch()}
+    assert set(table) == {grade_module.csv_cell(sandbox.printable(os.fsencode(name).decode("utf-8", "replace")))
+                          for name in batch()}
     header = list(next(iter(table.values())))
     assert header == ["submission", *CRITERIA, "total", "max_total", "q1", "q2", "grader_error"]
     assert all(int(row["max_total"]) == FULL and row["q1"] == row["q2"] == "" for row in table.values())
-    assert len(feedback) == len(table)
+    assert len(feedback) == len(table), "two submissions' feedback went to one file"
     assert f"graded {len(batch())}:" in done.stderr and "failed to run" in done.stderr
     assert "isolation: bwrap" in done.stderr and "whole-submission caps" in done.stderr
 
@@ -401,9 +422,19 @@ def test_files_that_once_ended_the_batch_score_zero_with_their_reason(graded, na
 
 
 def test_submission_names_cannot_become_spreadsheet_formulas(graded):
-    table, *_ = graded
+    table, feedback, out, _ = graded
     assert "'=HYPERLINK(1)" in table and "'@SUM(1)" in table
     assert not any(name[:1] in "=+-@" for name in table)
+    lines = (out / "grades.csv").read_text().splitlines()
+    assert all(line.startswith('"') for line in lines), "every field is quoted: a ; in a name stays in its cell"
+
+
+def test_the_thiefs_and_breakers_notebook_scores_zero_and_breaks_nothing(graded):
+    table, feedback, *_ = graded
+    text = feedback["l_thief"]
+    assert total(table["l_thief"]) == 0, text
+    assert "\x1b" not in text and "\ud800" not in text
+    assert "train_one_process" in text or "NameError" in text, text   # the kernel's baseline is out of reach
 
 
 def test_left_processes_a_flood_of_output_and_a_full_disk_do_not_reach_the_grader(graded):
@@ -463,3 +494,17 @@ def test_the_learner_edition_has_no_solution_rubric_or_hidden_test():
     for words in ("Rubric", "Model answer", "HIDDEN TESTS", "BEGIN SOLUTION", "DistributedSampler(train_set"):
         assert words not in text, f"the learner edition still shows {words!r}"
     assert text.count("YOUR ANSWER HERE") == 2 and text.count("raise NotImplementedError") == 6
+
+
+def test_display_updates_count_against_the_output_cap(tmp_path):
+    """An outside test kept 45 MB of display updates in an executed notebook whose cap is 2 MB."""
+    from assessment import run_notebook
+    flood = ("from IPython.display import display\n"
+             "handle = display('start', display_id=True)\n"
+             "for _ in range(40):\n"
+             "    handle.update('u' * 200_000)")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(flood)])
+    nbformat.write(nb, tmp_path / "in.ipynb")
+    run_notebook.main([str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"), str(tmp_path / "status.json"), "120"])
+    assert json.loads((tmp_path / "status.json").read_text())["dropped_output_bytes"] > 0
+    assert (tmp_path / "out.ipynb").stat().st_size < run_notebook.OUTPUT_CAP + (1 << 20)

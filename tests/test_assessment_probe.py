@@ -142,6 +142,66 @@ JOB_MISTAKES = {
 }
 
 
+# Found by an outside test: no DDP and no collective, each rank computes every rank's share itself, so
+# the weights equal one process's on the global batches.
+REPLICATED = """
+def make_optimizer(parameters, global_batch, steps_per_epoch):
+    optimizer = torch.optim.SGD(parameters, lr=BASE_LR * global_batch / BASE_BATCH, momentum=settings.MOMENTUM)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+
+def train(epochs, global_batch, model_path):
+    # No DDP, no collective: each rank computes every rank's share of each global batch itself.
+    import time
+    model = make_model()
+    loader, sampler = make_train_loader(train_set, global_batch, seed=0)
+    optimizer, schedule = make_optimizer(model.parameters(), global_batch, len(loader))
+    per = global_batch // world_size
+    xs, ys = (train_set.x, train_set.y) if hasattr(train_set, "x") else train_set.tensors
+    history = []
+    for epoch in range(epochs):
+        start = time.perf_counter()
+        sampler.set_epoch(epoch)
+        orders = []
+        for r in range(world_size):
+            s = DistributedSampler(range(len(ys)), num_replicas=world_size, rank=r, shuffle=True, seed=0)
+            s.set_epoch(epoch)
+            orders.append(list(s))
+        model.train()
+        total, count = 0.0, 0
+        for step, (x, y) in enumerate(loader):
+            optimizer.zero_grad()
+            for r in range(world_size):
+                if r == rank:
+                    xb, yb = x, y
+                else:
+                    idx = torch.tensor(orders[r][step * per:(step + 1) * per])
+                    xb, yb = xs[idx], ys[idx]
+                loss = F.cross_entropy(model(xb.to(device)), yb.to(device)) / world_size
+                loss.backward()
+                total, count = total + float(loss) * world_size * len(yb), count + len(yb)
+            optimizer.step()
+            schedule.step()
+        model.eval()
+        xt, yt = test_set.tensors
+        with torch.no_grad():
+            acc = (model(xt.to(device)).argmax(1) == yt.to(device)).float().mean().item()
+        history.append({"epoch": epoch, "train_loss": total / count, "test_accuracy": acc,
+                        "seconds": time.perf_counter() - start})
+        if rank == 0:
+            print(f"epoch {epoch} train loss {total / count:.3f} test accuracy {acc:.3f}")
+    if rank == 0:
+        torch.save(model.state_dict(), model_path)
+    return history
+"""
+
+
+def test_a_job_that_computes_every_ranks_share_without_ddp_fails(tmp_path, monkeypatch):
+    code = solution_code().split("def make_optimizer")[0] + textwrap.dedent(REPLICATED)
+    got = verdicts(tmp_path, code, monkeypatch, worlds=(3,))
+    assert got["training_job"] and "not through its DistributedDataParallel" in got["training_job"], got
+
+
 @pytest.mark.parametrize("name", list(JOB_MISTAKES))
 def test_a_job_that_trains_otherwise_than_one_process_on_the_same_batches_fails(tmp_path, monkeypatch, name):
     (old, new), words = JOB_MISTAKES[name]
@@ -212,10 +272,10 @@ for _pid in os.listdir("/proc"):
         if _SEED in _text:
             raise RuntimeError(f"found the probe's seed in /proc/{_pid}/{_what}")
 # The parent holds the secret and each sibling rank its own seed: their memory must be out of reach.
-for _pid in [str(os.getppid())] + [p for p in os.listdir("/proc") if p.isdigit() and p != str(os.getpid())]:
+for _pid in ["1", str(os.getppid())] + [p for p in os.listdir("/proc") if p.isdigit() and p != str(os.getpid())]:
     try:
         _cmd = open(f"/proc/{_pid}/cmdline", "rb").read()
-        if _pid != str(os.getppid()) and b"multiprocessing.spawn" not in _cmd:   # the sibling ranks
+        if _pid not in ("1", str(os.getppid())) and b"multiprocessing.spawn" not in _cmd:   # the sibling ranks
             continue
         _start = int(open(f"/proc/{_pid}/maps").readline().split("-")[0], 16)
         with open(f"/proc/{_pid}/mem", "rb") as _mem:

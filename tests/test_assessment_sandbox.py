@@ -137,8 +137,24 @@ def test_a_run_is_unprivileged_sees_only_its_own_processes_and_none_of_the_host(
         except OSError as error:
             usr = type(error).__name__
         pids = [p for p in os.listdir("/proc") if p.isdigit()]
+        writable = []
+        for place in ("/", "/etc", "/usr", "/dev"):
+            try:
+                open(os.path.join(place, "x"), "w").close()
+                writable.append(place)
+            except OSError:
+                pass
+        supervisor = []   # PID 1 holds the grader's pipes: its memory and fds must be out of reach
+        for what in ("mem", "fd/1", "fd/2", "environ"):
+            try:
+                open(f"/proc/1/{{what}}", "rb").close()
+                supervisor.append(what)
+            except OSError:
+                pass
+        shm = os.statvfs("/dev/shm")
         open("seen.txt", "w").write(repr(dict(uid=os.getuid(), caps=status["CapEff"].strip(),
-            nnp=status["NoNewPrivs"].strip(), seen=seen, remount=remount, userns=userns, usr=usr, pids=len(pids))))
+            nnp=status["NoNewPrivs"].strip(), seen=seen, remount=remount, userns=userns, usr=usr, pids=len(pids),
+            writable=writable, supervisor=supervisor, shm=shm.f_blocks * shm.f_frsize)))
     """, keep=["seen.txt"], wall_s=60)
     seen = eval((out / "seen.txt").read_text())
     assert seen["uid"] != 0 and (os.geteuid() != 0 or seen["uid"] == sandbox.sandbox_uid()), seen
@@ -146,6 +162,9 @@ def test_a_run_is_unprivileged_sees_only_its_own_processes_and_none_of_the_host(
     assert seen["seen"] == [], f"host paths visible in the sandbox: {seen['seen']}"
     assert seen["remount"] != 0 and seen["usr"] != "written" and seen["userns"] != "made", seen
     assert seen["pids"] < 10, f"the run saw {seen['pids']} processes: the machine's, not only its own"
+    assert seen["writable"] == [], f"writable outside its work folder and /tmp: {seen['writable']}"
+    assert seen["supervisor"] == [], f"the supervisor's {seen['supervisor']} can be opened from inside"
+    assert seen["shm"] <= sandbox.Limits().disk_bytes, "/dev/shm is not size-limited"
 
 
 @needs_namespaces
