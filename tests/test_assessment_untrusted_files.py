@@ -415,3 +415,20 @@ def test_restore_raises_only_submission_error_for_any_json(tmp_path_factory, con
     assert isinstance(submission, Submission) and set(submission.answers) <= set(OWNED)
     nbformat.writes(submission.restored).encode("utf-8")  # the grader can write out what it runs,
     submission.code.encode("utf-8")                        # and the learner's code for the probes
+
+
+# ---- the probes' results: written inside the sandbox, loaded by the grader ----
+
+def test_a_probe_results_file_that_is_a_zip_bomb_is_refused_without_expanding(tmp_path):
+    """An outside test replaced a rank's results with an 8 MB file that torch.load expanded to 8 GiB in the
+    grader's own process: the batch was killed for memory."""
+    from assessment import grade
+    good = tmp_path / "world2_rank0.pt"
+    torch.save({"sharding": {"epochs": [[[1, 2]]]}}, good)
+    model_file.check_results_archive(good, grade.RESULTS_BYTES)          # a real results file passes
+    entries = [(f"archive/data/{i}", zipfile.ZIP_DEFLATED, deflated_zeros(256), 256 << 20) for i in range(8)]
+    write_zip(tmp_path / "world2_rank1.pt", [("archive/data.pkl", zipfile.ZIP_STORED, b"x", 1), *entries])
+    with memory_growth() as grew:
+        reason = grade._load_probe(tmp_path, 2)
+    assert grew["bytes"] < 100e6
+    assert isinstance(reason, str) and "rank 1's results were refused" in reason, reason
