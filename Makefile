@@ -26,11 +26,12 @@ help:
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml utils/etc/ipython_kernel_config.py
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10 or newer is needed; run: make PYTHON=/path/to/python3.10+ ...")'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
 	$(BIN)/python -m pip install -e .
+	$(BIN)/python -m utils.px --install
 	@touch $(STAMP)
 
 lab: $(STAMP)

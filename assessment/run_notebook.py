@@ -59,17 +59,13 @@ class CappedClient(NotebookClient):
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_RAISED = re.compile(r"^(\u2717 .*|[A-Za-z_.]*(Error|Exception|Exit|Interrupt): .*)$", re.MULTILINE)
 
 
 def _error_message(cell, error) -> str:
-    """The error in words; for a %%px cell, the first engine's own error, not ipyparallel's summary."""
-    if error.get("ename") == "AlreadyDisplayedError":  # %%px already showed each engine's error as text
-        text = _ANSI.sub("", "".join(o.get("text", "") for o in cell.get("outputs", [])
-                                     if o.get("output_type") == "stream" and o.get("name") == "stderr"))
-        found = _RAISED.findall(text)
-        if found:
-            return f"(on the engines) {found[0][0]}"[:300]
+    """The error in words; for a %%px cell, the engines' own error (utils.px's RankError names the ranks)."""
+    if error.get("ename") == "RankError":
+        first = (_ANSI.sub("", str(error.get("evalue") or "")).splitlines() or [""])[0]
+        return f"(on the engines) {first}"[:300]
     return f"{error.get('ename')}: {error.get('evalue')}"[:300]
 
 

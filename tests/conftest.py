@@ -1,9 +1,58 @@
-"""Generic fixtures shared by the unit tests."""
-import matplotlib
+"""Generic fixtures shared by the unit tests, and a home of the suite's own.
+
+The suite runs with HOME (and so IPython's, Jupyter's and matplotlib's folders) in a temporary
+folder, so that nothing it starts (kernels, clusters, engines over ssh, Chromium) writes into the
+user's home; the user's npm and git settings are still read. At the end the suite fails if the real
+home's top level or its IPython and Jupyter folders changed.
+"""
+import atexit
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+REAL_HOME = Path(os.path.expanduser("~")).resolve()
+WATCHED = (".ipython", ".jupyter", ".local/share/jupyter")
+
+
+def _snapshot(home: Path) -> dict:
+    """The home's top-level names and every file (size, mtime) under its IPython and Jupyter folders."""
+    seen = {"top level": sorted(p.name for p in home.iterdir())} if home.is_dir() else {}
+    for folder in WATCHED:
+        for path in sorted((home / folder).rglob("*")) if (home / folder).is_dir() else []:
+            if path.is_file():
+                stat = path.stat()
+                seen[str(path)] = (stat.st_size, stat.st_mtime_ns)
+    return seen
+
+
+_BEFORE = _snapshot(REAL_HOME)
+SUITE_HOME = Path(tempfile.mkdtemp(prefix="course-tests-home-"))
+atexit.register(shutil.rmtree, SUITE_HOME, ignore_errors=True)
+for _name, _real in (("npm_config_userconfig", REAL_HOME / ".npmrc"), ("GIT_CONFIG_GLOBAL", REAL_HOME / ".gitconfig")):
+    if _real.is_file():
+        os.environ.setdefault(_name, str(_real))  # read, never written
+for _name in ("IPYTHONDIR", "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR", "MPLCONFIGDIR",
+              "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_RUNTIME_DIR"):
+    os.environ.pop(_name, None)
+os.environ["HOME"] = str(SUITE_HOME)
+
+import matplotlib  # noqa: E402  (after HOME: matplotlib finds its config folder on import)
 
 matplotlib.use("Agg")  # no display in tests; must run before pyplot is imported
 
-import pytest
+import pytest  # noqa: E402
+
+
+def pytest_sessionfinish(session, exitstatus):
+    after = _snapshot(REAL_HOME)
+    changed = sorted(key for key in set(_BEFORE) | set(after) if _BEFORE.get(key) != after.get(key))
+    if changed:
+        detail = "; ".join(f"{key}: {_BEFORE.get(key)} -> {after.get(key)}" if key == "top level" else key
+                           for key in changed[:10])
+        session.config.get_terminal_writer().line(
+            f"FAILED: the suite wrote into the real home {REAL_HOME}: {detail}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture

@@ -21,9 +21,13 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 
 import torch
+
+from . import px
+from .px import RankError, describe_errors  # noqa: F401  (RankError: part of this module's API)
 
 BACKENDS = ("gloo", "nccl")
 LAUNCHERS = ("local", "mpi", "ssh", "slurm")
@@ -35,10 +39,6 @@ _running: "Workers | None" = None
 
 class ClusterError(RuntimeError):
     """The engines or their process group could not be started; the message says what to do."""
-
-
-class RankError(RuntimeError):
-    """Code run on the engines raised on one or more ranks; the message names each rank."""
 
 
 def _done(result) -> list[bool]:
@@ -91,27 +91,7 @@ class Workers:
                                f"cluster.stop(); cluster.start(...)") from None
 
     def _describe(self, errors) -> str:
-        """One paragraph per failing rank, in rank order: the error, then that rank's traceback."""
-        import re
-
-        parts, lost = [], []
-        for ename, evalue, traceback, info in errors:
-            rank = self.rank_of_engine.get((info or {}).get("engine_id"))
-            died = re.match(r"Engine (\d+) died", str(evalue)) if ename == "EngineError" else None
-            if died:  # the controller gave up on the engine (its process or its host is gone)
-                rank = self.rank_of_engine.get(int(died.group(1)))
-                lost.append(rank)
-                where = f" on {self.hosts[rank]}" if rank is not None and rank < len(self.hosts) else ""
-                parts.append((rank if rank is not None else self.n, f"rank {rank}{where}: its engine died"))
-                continue
-            who = f"rank {rank}" if rank is not None else "an engine (it died or was stopped)"
-            trace = re.sub(r"\x1b\[[0-9;]*m", "", traceback or "").strip()
-            parts.append((rank if rank is not None else self.n, f"{who}: {ename}: {evalue}"
-                          + (f"\n    " + trace.replace("\n", "\n    ") if trace else "")))
-        # Lost ranks first: the other ranks' errors (a peer that closed the connection) follow from them.
-        head = [f"rank(s) {sorted(r for r in lost if r is not None)} lost: their engines died or their host went "
-                f"away. Restart the cluster: cluster.stop(); cluster.start(...)"] if lost else []
-        return "\n".join(head + [text for _, text in sorted(parts, key=lambda part: part[0])])
+        return describe_errors(errors, self.rank_of_engine, self.hosts, self.n)
 
     def stop(self) -> None:
         stop()
@@ -208,6 +188,36 @@ def _destroy_process_group():
 
 # --- the notebook side ------------------------------------------------------------------
 
+# ipyparallel logs each stopped engine's whole output as a warning (an engine ended by SIGTERM
+# exits non-zero): on every stop or kernel restart that filled the server's terminal. Its own logger,
+# at ERROR, keeps real errors and drops the rest; the engines' own logs are files in the profile.
+_IPP_LOG = logging.getLogger("utils.cluster.ipyparallel")
+_IPP_LOG.setLevel(logging.ERROR)
+
+
+class _Progress:
+    """One line in the notebook saying how far the start has got; it ends as the cluster's summary.
+
+    Outside IPython (scripts, tests) it shows nothing."""
+
+    def __init__(self):
+        from IPython import get_ipython
+
+        self.handle, self.started, self.text = None, time.monotonic(), ""
+        if get_ipython() is not None:
+            from IPython.display import display
+
+            self.handle = display({"text/plain": "starting the cluster ..."}, raw=True, display_id=True)
+
+    def say(self, text: str) -> None:
+        if self.handle is not None and text != self.text:
+            self.text = text
+            self.handle.update({"text/plain": text}, raw=True)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+
 @contextlib.contextmanager
 def _quiet():
     """Keep ipyparallel's start/stop chatter (and engine logs) out of the learner's notebook."""
@@ -248,7 +258,8 @@ def start(n: int = 2, *, backend: str | None = None, engines: str = "local", tim
         same = (_running.n, _running.backend, _running.engines) == (n, backend, engines)
         if same and _alive(_running):
             if activate:
-                _running.view.activate()
+                px.activate(_running)
+            _Progress().say(f"{_running!r}, already running")
             return _running
         stop()
     import ipyparallel as ipp
@@ -265,9 +276,16 @@ def start(n: int = 2, *, backend: str | None = None, engines: str = "local", tim
     # ipyparallel waits a fixed second between starting the controller and the engines; the
     # engines wait for the controller's connection file anyway, so the second is pure delay.
     cluster_options.setdefault("delay", 0)
+    # No cluster file: ipyparallel would write one into the learner's IPython profile, where
+    # JupyterLab's IPython Parallel panel adopts it (and lists it, stopped, after a crash).
+    cluster_options.setdefault("cluster_file", "")
+    # This module stops its clusters at exit (and its watchdog when the kernel is killed): ipyparallel's
+    # own exit handler would run first, print "Stopping cluster" into the server's terminal and spend
+    # the seconds Jupyter gives a restarting kernel on a graceful stop of every engine.
+    cluster_options.setdefault("shutdown_atexit", False)
     with _quiet():
-        cluster = ipp.Cluster(n=n, engines=engines, log_level=logging.ERROR, controller_args=controller_args,
-                              **cluster_options)
+        cluster = ipp.Cluster(n=n, engines=engines, log_level=logging.ERROR, log=_IPP_LOG,
+                              controller_args=controller_args, **cluster_options)
     if engines == "local":
         # Each engine imports torch while it starts, before it registers, instead of after: the
         # imports of all engines then overlap with each other and with the registrations.
@@ -308,24 +326,39 @@ def start(n: int = 2, *, backend: str | None = None, engines: str = "local", tim
     workers = Workers(cluster=cluster, client=None, view=None, n=n, backend=backend, engines=engines,
                       timeout=timeout)
     _running = workers
+    progress = _Progress()
     try:
-        _start_engines(workers, timeout)
+        _start_engines(workers, timeout, progress)
         workers.watchdog = _start_watchdog(workers)
+        progress.say(f"{n}/{n} engines up; forming the {backend} process group ...")
         _start_process_group(workers, port, threads_per_engine)
-    except BaseException:
-        stop()
+    except BaseException as error:
+        progress.say(f"the cluster did not start ({type(error).__name__}: see below)")
+        _stop(keep_logs=True)  # the error may point to them
         raise
     if activate:
-        workers.view.activate()
+        px.activate(workers)
+    progress.say(f"{workers!r}, started in {progress.elapsed():.1f} s; engines' logs in "
+                 f"{os.path.join(cluster.profile_dir, 'log')} while it runs")
     return workers
 
 
-def _start_engines(workers: Workers, timeout: float) -> None:
+def _wait_for_engines(workers: Workers, timeout: float, progress: _Progress) -> None:
+    deadline = time.monotonic() + timeout
+    while (up := len(workers.client.ids)) < workers.n:
+        if time.monotonic() > deadline:
+            raise TimeoutError
+        progress.say(f"starting {workers.n} {workers.engines} engines: {up}/{workers.n} up")
+        time.sleep(0.2)
+
+
+def _start_engines(workers: Workers, timeout: float, progress: _Progress) -> None:
+    progress.say(f"starting {workers.n} {workers.engines} engines: 0/{workers.n} up")
     with _quiet():
         try:
             workers.cluster.start_cluster_sync()
             workers.client = workers.cluster.connect_client_sync()
-            workers.client.wait_for_engines(workers.n, timeout=timeout, interactive=False)
+            _wait_for_engines(workers, timeout, progress)
         except TimeoutError:
             raise ClusterError(f"only {len(workers.client.ids) if workers.client else 0} of {workers.n} engines "
                                f"started within {timeout:g} s; check the launcher's log "
@@ -423,18 +456,24 @@ def _cluster_pids(workers: Workers) -> list[int]:
 
 def _start_watchdog(workers: Workers) -> subprocess.Popen:
     """A process that stops the cluster's processes if this kernel dies without stopping them."""
-    command = [sys.executable, "-m", "utils.watchdog", str(os.getpid())] + [str(p) for p in _cluster_pids(workers)]
+    command = [sys.executable, "-m", "utils.watchdog", "--files", workers.cluster.profile_dir,
+               workers.cluster.cluster_id, str(os.getpid())] + [str(p) for p in _cluster_pids(workers)]
     return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
 
 
 def stop() -> None:
-    """Destroy the process group, stop engines and controller, and make sure none is left."""
+    """Destroy the process group, stop engines and controller, make sure none is left, and remove the
+    cluster's files from the IPython profile."""
+    _stop(keep_logs=False)
+
+
+def _stop(keep_logs: bool) -> None:
     global _running
     workers, _running = _running, None
     if workers is None:
         return
-    from .watchdog import process_trees, terminate
+    from .watchdog import process_trees, remove_cluster_files, terminate
 
     procs = process_trees(_cluster_pids(workers))  # before stopping: nannies detach on the way out
     if workers.view is not None:
@@ -446,15 +485,33 @@ def stop() -> None:
         try:
             if workers.client is not None:
                 workers.client.close()
-            workers.cluster.stop_cluster_sync()
+            # Local processes hold nothing worth a graceful exit once the group is gone: ended
+            # together below, a stop takes about a second instead of 5-8 s, well within the 5 s
+            # Jupyter gives a restarting kernel before it kills it.
+            if workers.engines != "local":
+                workers.cluster.stop_cluster_sync()
         except Exception:
-            # An engine's host that went away cannot be reached to stop it (ssh fails): what runs
-            # here is ended below, and ipyparallel's exit handler must not try (and print) again.
-            workers.cluster.shutdown_atexit = False
-    terminate(procs)
+            pass  # an engine's host that went away cannot be reached (ssh fails): what runs here ends below
+    terminate(procs, grace=1.0)
+    remove_cluster_files(workers.cluster.profile_dir, workers.cluster.cluster_id, logs=not keep_logs)
+    # Last: a kernel killed before this point (Jupyter kills one that takes over 5 s to shut down)
+    # leaves the watchdog to finish the stop.
     if workers.watchdog is not None:
         workers.watchdog.kill()
         workers.watchdog.wait()
+    _forget_magics()
+
+
+def _forget_magics() -> None:
+    """After a stop, ``%%px`` says to run the set-up cell again instead of reaching dead engines."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is not None:
+            px.install_placeholder(shell)
+    except Exception:
+        pass  # at the interpreter's exit IPython may already be gone: nothing to tell anyone then
 
 
 def running() -> Workers | None:
@@ -462,6 +519,6 @@ def running() -> Workers | None:
     return _running
 
 
-import atexit  # noqa: E402  (registered after ipyparallel's own handler exists, so it runs first)
+import atexit  # noqa: E402  (the clusters' only exit handler: ipyparallel's is switched off in start)
 
 atexit.register(stop)

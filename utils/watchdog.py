@@ -1,16 +1,18 @@
 """Stops a cluster's processes when the kernel that started them is gone.
 
-    python -m utils.watchdog KERNEL_PID PID [PID ...]
+    python -m utils.watchdog [--files PROFILE_DIR CLUSTER_ID] KERNEL_PID PID [PID ...]
 
 A kernel killed with SIGKILL runs no exit handler, and ipyparallel's controller, engines
 and engine nannies would keep running. ``utils.cluster`` starts this process (in its own
 session, so it outlives the kernel) to watch the kernel and end every listed process, and
-every process they started, once the kernel is gone.
+every process they started, once the kernel is gone; then it removes the cluster's files
+(connection files and logs) from the IPython profile.
 """
 from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import psutil
 
@@ -44,6 +46,19 @@ def terminate(procs: list[psutil.Process], grace: float = 5.0) -> None:
     psutil.wait_procs(alive, timeout=grace)
 
 
+def remove_cluster_files(profile_dir: str, cluster_id: str, logs: bool = True) -> None:
+    """Delete what a cluster wrote into its IPython profile: connection files and, with ``logs``, logs."""
+    if not profile_dir or not cluster_id:
+        return
+    folders = ("security", "log") if logs else ("security",)
+    for folder in folders:
+        for path in (Path(profile_dir) / folder).glob(f"*{cluster_id}*"):
+            try:
+                path.unlink()
+            except OSError:
+                pass
+
+
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -52,6 +67,9 @@ def _alive(pid: int) -> bool:
 
 
 def main(argv: list[str]) -> None:
+    profile_dir = cluster_id = ""
+    if argv[:1] == ["--files"]:
+        profile_dir, cluster_id, argv = argv[1], argv[2], argv[3:]
     kernel, *pids = (int(a) for a in argv)
     known: dict[int, psutil.Process] = {}
     while _alive(kernel):
@@ -60,6 +78,7 @@ def main(argv: list[str]) -> None:
         time.sleep(1.0)
     known.update({p.pid: p for p in process_trees(pids + list(known))})
     terminate(list(known.values()))
+    remove_cluster_files(profile_dir, cluster_id)
 
 
 if __name__ == "__main__":
