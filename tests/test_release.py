@@ -18,6 +18,40 @@ def test_solution_becomes_stub_with_hint_and_indentation():
     assert learner == "def f(x):\n    raise NotImplementedError('Hint: square it')\n\nprint(f)"
 
 
+def test_a_long_hint_is_wrapped_to_the_notebooks_width_and_says_the_same():
+    hint = ("the four calls of a step are named in the text above; which must come first, and why does "
+            "the order of the other three matter for what the optimizer reads? (torch.optim.Optimizer)")
+    source = f"def step(model):\n    # Hint: {hint}\n    ### BEGIN SOLUTION\n    pass\n    ### END SOLUTION\n"
+    learner = release.learner_source(source)
+    assert max(len(line) for line in learner.splitlines()) <= release.STUB_WIDTH, learner
+    namespace = {}
+    exec(learner, namespace)
+    with pytest.raises(NotImplementedError) as raised:
+        namespace["step"](None)
+    assert str(raised.value) == f"Hint: {hint}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_every_stub_fits_the_notebooks_width(path):
+    learner = release.learner_notebook(nbformat.read(path, as_version=4))
+    for cell in learner.cells:
+        lines = cell.source.splitlines()
+        for start, line in enumerate(lines):
+            if "raise NotImplementedError(" in line:
+                stub = lines[start:start + 1 + next(i for i, rest in enumerate(lines[start:]) if rest.rstrip().endswith(")"))]
+                assert max(map(len, stub)) <= release.STUB_WIDTH, "\n".join(stub)
+
+
+def test_workspace_readme_lists_every_notebook_and_is_never_overwritten(tmp_path):
+    readme = release.write_workspace_index(tmp_path)
+    text = readme.read_text()
+    for path in NOTEBOOKS:
+        name = str(path.relative_to(ROOT))
+        assert f"[{name}]({name})" in text
+    readme.write_text("my notes")
+    assert release.write_workspace_index(tmp_path) is None and readme.read_text() == "my notes"
+
+
 def test_stub_without_hint_and_hidden_tests_vanish():
     source = ("### BEGIN SOLUTION\nanswer = 42\n### END SOLUTION\nassert answer\n"
               "### BEGIN HIDDEN TESTS\nassert answer == 42\n### END HIDDEN TESTS\n")

@@ -21,6 +21,7 @@ import argparse
 import re
 import shutil
 import tempfile
+import textwrap
 from pathlib import Path
 
 import nbformat
@@ -30,6 +31,7 @@ from .config import COURSE_ROOT
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 SOURCE_FOLDERS = ("labs", "assessment")
+STUB_WIDTH = 100  # characters per line of a stub: JupyterLab's notebook shows about this many
 _HINT = re.compile(r"^\s*#\s*Hint:\s*(.*)$")
 
 
@@ -63,7 +65,15 @@ def _code_stub(begin_line: str, lines_before: list[str]) -> list[str]:
     if lines_before and _HINT.match(lines_before[-1]):
         lines_before.pop()  # the stub's message carries the hint: the learner reads it once, not twice
     message = f"Hint: {hint}" if hint else "write your solution here"
-    return [f"{indent}raise NotImplementedError({message!r})"]
+    line = f"{indent}raise NotImplementedError({message!r})"
+    if len(line) <= STUB_WIDTH:
+        return [line]
+    # Wrapped to the notebook's width (no horizontal scrollbar), as adjacent strings Python joins.
+    width = STUB_WIDTH - len(indent) - 4 - 3  # the indent, the quotes and a trailing space
+    pieces = textwrap.wrap(message, width, break_long_words=False, break_on_hyphens=False)
+    strings = [repr(piece + " ") for piece in pieces[:-1]] + [repr(pieces[-1])]
+    return ([f"{indent}raise NotImplementedError("] + [f"{indent}    {text}" for text in strings]
+            + [f"{indent})"])
 
 
 def learner_source(source: str, cell_type: str = "code", where: str = "cell") -> str:
@@ -174,6 +184,26 @@ def fill_workspace(workspace: Path, root: Path = COURSE_ROOT) -> tuple[list[Path
     return added, kept
 
 
+def write_workspace_index(workspace: Path, root: Path = COURSE_ROOT) -> Path | None:
+    """workspace/README.md: each notebook's full name, linked, with its topic (JupyterLab's file
+    browser cuts long names). Written only where the workspace has none: a learner's file stays."""
+    target = Path(workspace) / "README.md"
+    if target.exists():
+        return None
+    rows = []
+    for path in source_notebooks(root):
+        topic = nbformat.read(path, as_version=4).metadata.get("course", {}).get("topic", "").split(":")[0]
+        name = str(path.relative_to(root))
+        rows.append(f"| [{name}]({name}) | {topic} |")
+    text = ("# Your copies of the labs\n\nOpen a lab from the list below (a double click on a name in the\n"
+            "file browser does the same). The files are yours: `make lab` adds new labs and never changes these.\n\n"
+            "| Notebook | Topic |\n| --- | --- |\n" + "\n".join(rows) + "\n")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target, "x", encoding="utf-8") as f:
+        f.write(text)
+    return target
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, help="write the learner bundle here (replaced)")
@@ -189,6 +219,7 @@ def main(argv=None) -> None:
               f"(labs: {'instructor' if args.lab_solutions else 'learner'} editions; assessment: learner edition)")
     if args.workspace:
         added, kept = fill_workspace(args.workspace)
+        write_workspace_index(args.workspace)
         for path in added:
             print(f"new in your workspace: {path}")
         if kept:
