@@ -1,0 +1,153 @@
+"""A learner's JupyterLab in a real browser: the set-up cell, a %%px cell, an error on every rank, a
+restart. Playwright drives the system's Chromium (.ci/setup/20-browser.sh installs it; no browser is
+downloaded); the test skips, saying why, where Chromium is missing."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from notebook_runner import ROOT
+from utils import release
+
+sys.path.insert(0, str(ROOT))
+from slides.chromium import INSTALL_HINT, find_chromium  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(420),
+              pytest.mark.skipif(find_chromium() is None, reason=f"no Chromium for the browser test: {INSTALL_HINT}")]
+
+LAB = "labs/03_collectives.ipynb"
+IDLE = '.jp-Notebook-ExecutionIndicator[data-status="idle"]'
+TOKEN = "course-browser-test"
+# What ipyparallel used to print into the server's terminal on every stop or restart.
+ENGINE_NOISE = ("Output for", "Stopping cluster", "received signal", "KeyboardInterrupt", "Event loop stopped")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _engines(ipython_dir: Path) -> list:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            if ((proc.info["environ"] or {}).get("IPYTHONDIR") == str(ipython_dir)
+                    and "ipyparallel" in " ".join(proc.info["cmdline"] or [])):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.fixture
+def jupyterlab(tmp_path):
+    """JupyterLab serving a workspace with the learner editions, in quick mode, logging to a file."""
+    workspace, ipython_dir, log = tmp_path / "workspace", tmp_path / "ipython", tmp_path / "server.log"
+    release.fill_workspace(workspace)
+    port = _free_port()
+    env = {**os.environ, "COURSE_QUICK": "1", "IPYTHONDIR": str(ipython_dir)}
+    command = [str(Path(sys.executable).parent / "jupyter"), "lab", "--no-browser", "--ip=127.0.0.1",
+               f"--port={port}", f"--IdentityProvider.token={TOKEN}", f"--notebook-dir={workspace}",
+               "--ServerApp.open_browser=False"] + (["--allow-root"] if os.geteuid() == 0 else [])
+    with open(log, "w") as out:
+        server = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{url}/api/status?token={TOKEN}", timeout=5)
+                break
+            except OSError:
+                assert server.poll() is None, log.read_text()[-3000:]
+                time.sleep(1)
+        yield url, ipython_dir, log
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def _run_selected_and_wait(page, cell, timeout_s: float = 180) -> None:
+    """Shift+Enter on the selected cell, then wait until its prompt shows a number, not [*]."""
+    page.keyboard.press("Shift+Enter")
+    prompt = cell.locator(".jp-InputPrompt")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if re.fullmatch(r"\[\d+\]:", prompt.inner_text().strip()):
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"the cell did not finish within {timeout_s:g} s: {cell.inner_text()[-2000:]}")
+
+
+def test_setup_px_one_error_and_restart_in_a_real_browser(jupyterlab):
+    from playwright.sync_api import sync_playwright
+
+    url, ipython_dir, log = jupyterlab
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=find_chromium(),
+                                             args=["--no-sandbox"] if os.geteuid() == 0 else [])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{url}/lab/tree/{LAB}?token={TOKEN}")
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+            page.wait_for_selector(IDLE, state="attached", timeout=120_000)   # the kernel is up
+            cells = page.locator(".jp-Notebook .jp-CodeCell")   # the setup and %%px cells are adjacent
+            setup = next(i for i in range(cells.count()) if "cluster.start(" in cells.nth(i).inner_text())
+            px_cell = setup + 1
+
+            cells.nth(setup).locator(".jp-InputPrompt").click()
+            _run_selected_and_wait(page, cells.nth(setup))
+            summary = cells.nth(setup).locator(".jp-OutputArea").inner_text()
+            assert "local engine(s)" in summary and "started in" in summary, summary
+
+            _run_selected_and_wait(page, cells.nth(px_cell))
+            printed = cells.nth(px_cell).locator(".jp-OutputArea").inner_text()
+            ranks = re.findall(r"^rank (\d+) of (\d+)", printed, re.MULTILINE)
+            world = int(ranks[0][1]) if ranks else 0
+            assert [int(r) for r, _ in ranks] == list(range(world)) and world >= 3, \
+                f"one line per rank, in rank order:\n{printed}"
+
+            # A new cell below, failing the same way on every rank: one error, naming the ranks.
+            page.keyboard.press("Escape")
+            page.keyboard.press("a")  # above the cell now selected, i.e. right after the %%px cell
+            page.keyboard.press("Enter")
+            page.keyboard.type("%%px\nprint(undefined_name)")
+            failing = cells.nth(px_cell + 1)
+            _run_selected_and_wait(page, failing)
+            shown = failing.locator(".jp-OutputArea").inner_text()
+            assert shown.count("every rank") == 1 and shown.count("print(undefined_name)") == 1, shown
+            assert f"ranks 0-{world - 1} (every rank): NameError" in shown or "ranks 0, 1 and 2 (every rank)" in shown, shown
+            assert _engines(ipython_dir), "the engines should be running before the restart"
+
+            page.keyboard.press("Escape")
+            page.get_by_text("Kernel", exact=True).first.click()
+            page.get_by_text("Restart Kernel…", exact=True).first.click()
+            page.locator(".jp-Dialog .jp-mod-accept").click()
+            deadline = time.monotonic() + 30
+            while _engines(ipython_dir) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert not _engines(ipython_dir), "engines outlived the restarted kernel"
+            page.wait_for_selector(IDLE, state="attached", timeout=60_000)
+        finally:
+            browser.close()
+    profile = ipython_dir / "profile_default"
+    left = [str(p) for folder in ("security", "log") for p in (profile / folder).glob("*")]
+    assert not left, f"the restart left files in the IPython profile: {left}"
+    terminal = log.read_text(errors="replace")
+    noise = [line for line in terminal.splitlines() if any(word in line for word in ENGINE_NOISE)]
+    assert not noise, "the server's terminal should stay quiet on a restart:\n" + "\n".join(noise[:20])
