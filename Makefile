@@ -32,6 +32,10 @@ $(STAMP): pyproject.toml utils/etc/ipython_kernel_config.py
 	$(BIN)/python -m pip install --upgrade pip
 	$(BIN)/python -m pip install -e .
 	$(BIN)/python -m utils.px --install
+	@# The course starts its clusters from code (utils.cluster): JupyterLab's IPython Parallel panel
+	@# would offer a second kind its %%px cannot reach, and its server extension warns on every start.
+	$(BIN)/jupyter server extension disable --sys-prefix ipyparallel
+	$(BIN)/jupyter labextension disable --level=sys_prefix ipyparallel-labextension
 	@touch $(STAMP)
 
 lab: $(STAMP)
