@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
-import psutil
 import pytest
 
 from notebook_runner import ROOT
+from server_helpers import engines_of, free_port, stop_group
 from utils import release
 
 sys.path.insert(0, str(ROOT))
@@ -33,30 +31,12 @@ TERMINAL_NOISE = ("Output for", "Stopping cluster", "received signal", "Keyboard
                   "Traceback")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _engines(ipython_dir: Path) -> list:
-    found = []
-    for proc in psutil.process_iter(["cmdline", "environ"]):
-        try:
-            if ((proc.info["environ"] or {}).get("IPYTHONDIR") == str(ipython_dir)
-                    and "ipyparallel" in " ".join(proc.info["cmdline"] or [])):
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
-
-
 @pytest.fixture
 def jupyterlab(tmp_path):
     """JupyterLab serving a workspace with the learner editions, in quick mode, logging to a file."""
     workspace, ipython_dir, log = tmp_path / "workspace", tmp_path / "ipython", tmp_path / "server.log"
     release.fill_workspace(workspace)
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "COURSE_QUICK": "1", "IPYTHONDIR": str(ipython_dir)}
     command = [str(Path(sys.executable).parent / "jupyter"), "lab", "--no-browser", "--ip=127.0.0.1",
                f"--port={port}", f"--IdentityProvider.token={TOKEN}", f"--notebook-dir={workspace}",
@@ -75,12 +55,7 @@ def jupyterlab(tmp_path):
                 time.sleep(1)
         yield url, ipython_dir, log
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop_group(server)
 
 
 def _run_and_wait(page, cell, timeout_s: float = 180) -> None:
@@ -143,7 +118,7 @@ def test_setup_px_one_error_and_restart_in_a_real_browser(jupyterlab):
             shown = failing.locator(".jp-OutputArea").inner_text()
             assert shown.count("every rank") == 1 and shown.count("print(undefined_name)") == 1, shown
             assert f"ranks 0-{world - 1} (every rank): NameError" in shown or "ranks 0, 1 and 2 (every rank)" in shown, shown
-            assert _engines(ipython_dir), "the engines should be running before the restart"
+            assert engines_of(ipython_dir), "the engines should be running before the restart"
 
             before_restart = len(log.read_text(errors="replace"))
             page.keyboard.press("Escape")
@@ -151,9 +126,9 @@ def test_setup_px_one_error_and_restart_in_a_real_browser(jupyterlab):
             page.get_by_text("Restart Kernel…", exact=True).first.click()
             page.locator(".jp-Dialog .jp-mod-accept").click()
             deadline = time.monotonic() + 30
-            while _engines(ipython_dir) and time.monotonic() < deadline:
+            while engines_of(ipython_dir) and time.monotonic() < deadline:
                 time.sleep(0.5)
-            assert not _engines(ipython_dir), "engines outlived the restarted kernel"
+            assert not engines_of(ipython_dir), "engines outlived the restarted kernel"
             page.wait_for_selector(IDLE, state="attached", timeout=60_000)
         finally:
             browser.close()

@@ -2,21 +2,13 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import time
 import urllib.request
 
 from notebook_runner import ROOT
+from server_helpers import free_port, stop_group
 from utils import release
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str):
@@ -29,7 +21,7 @@ def test_make_lab_serves_the_workspace_and_keeps_learner_files(tmp_path):
     (workspace / "labs").mkdir(parents=True)
     first = next(p for p in release.source_notebooks() if p.parent.name == "labs").relative_to(ROOT)
     (workspace / first).write_text("{}")  # a learner's file: must survive `make lab`
-    port, token = _free_port(), "course-test-token"
+    port, token = free_port(), "course-test-token"
     args = f"--no-browser --ip=127.0.0.1 --port={port} --IdentityProvider.token={token}"
     server = subprocess.Popen(["make", "--no-print-directory", "lab", f"WORKSPACE={workspace}", f"LAB_ARGS={args}"],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -50,12 +42,7 @@ def test_make_lab_serves_the_workspace_and_keeps_learner_files(tmp_path):
         learner = json.loads((workspace / str(sorted(expected)[-1])).read_text())
         assert "BEGIN SOLUTION" not in json.dumps(learner)
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop_group(server)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import nbformat
-import psutil
 import pytest
 
+from server_helpers import engines_of
 from utils import course, px
 
 
@@ -102,18 +101,6 @@ def _text(cell) -> str:
     return "".join(parts)
 
 
-def _engines_of(ipython_dir: Path) -> list:
-    found = []
-    for proc in psutil.process_iter(["cmdline", "environ"]):
-        try:
-            if (proc.info["environ"] or {}).get("IPYTHONDIR") == str(ipython_dir) and "ipyparallel" in " ".join(
-                    proc.info["cmdline"] or []):
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
-
-
 def test_px_in_a_kernel_and_a_profile_left_clean(tmp_path, monkeypatch):
     """The real thing: a notebook run by a kernel of the course's environment (whose kernel config
     loads utils.px: `make`'s first step installs it)."""
@@ -150,7 +137,7 @@ def test_px_in_a_kernel_and_a_profile_left_clean(tmp_path, monkeypatch):
     assert "rank 0" not in shown and "rank 3" not in shown, shown
 
     # The kernel was shut down with a cluster running (cell 7): nothing of it is left, files included.
-    assert not _engines_of(ipython_dir), "engines outlived their kernel"
+    assert not engines_of(ipython_dir), "engines outlived their kernel"
     left = [str(p.relative_to(ipython_dir)) for folder in ("security", "log")
             for p in (ipython_dir / "profile_default" / folder).glob("*")]
     assert not left, f"the cluster left files in the IPython profile: {left}"
@@ -171,8 +158,8 @@ def test_a_killed_kernel_leaves_nothing_in_the_profile(tmp_path, monkeypatch):
         client.stop_channels()
     security, log = (ipython_dir / "profile_default" / name for name in ("security", "log"))
     deadline = time.monotonic() + 30
-    while (list(security.glob("*")) or list(log.glob("*")) or _engines_of(ipython_dir)) and time.monotonic() < deadline:
+    while (list(security.glob("*")) or list(log.glob("*")) or engines_of(ipython_dir)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not _engines_of(ipython_dir)
+    assert not engines_of(ipython_dir)
     assert not list(security.glob("*")) and not list(log.glob("*")), \
         f"left in the profile: {list(security.glob('*')) + list(log.glob('*'))}"
