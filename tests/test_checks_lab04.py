@@ -410,7 +410,7 @@ def test_global_mean_wrong(workers, wrong, fix):
     assert fix in message
 
 
-# --- 4.4 checkpoints -------------------------------------------------------------------------
+# --- 4.5 checkpoints -------------------------------------------------------------------------
 
 @interactive
 def save_checkpoint(ddp_model, optimizer, path):
@@ -517,7 +517,7 @@ def load_map_location_none(ddp_model, optimizer, path):
 @pytest.mark.parametrize("save, load", [(save_checkpoint, load_checkpoint), (save_no_barrier, load_after_barrier)])
 def test_checkpoint_right(workers, capsys, save, load):
     lab04.check_checkpoint(workers, save, load)
-    assert "\u2713 Exercise 4.4 (save_checkpoint, load_checkpoint): passed" in capsys.readouterr().out
+    assert "\u2713 Exercise 4.5 (save_checkpoint, load_checkpoint): passed" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("save, load, fix", [
@@ -534,7 +534,7 @@ def test_checkpoint_right(workers, capsys, save, load):
 ])
 def test_checkpoint_wrong(workers, save, load, fix):
     message = fails(lambda f: lab04.check_checkpoint(workers, f, load), save, Incorrect)
-    assert message.startswith("Exercise 4.4 (save_checkpoint, load_checkpoint): ")
+    assert message.startswith("Exercise 4.5 (save_checkpoint, load_checkpoint): ")
     assert fix in message
 
 
@@ -543,7 +543,7 @@ def test_checks_need_the_running_cluster(workers):
     assert "cluster.start" in message
 
 
-# --- 4.5 predict_comm (no cluster: a plain function) ---------------------------------------
+# --- 4.4 predict_comm (no cluster: a plain function) ---------------------------------------
 
 def predict_comm(grad_bytes, k, alpha, beta):
     from utils.scaling import ddp_bucket_bytes
@@ -597,7 +597,7 @@ def predict_with_the_library(grad_bytes, k, alpha, beta):
 
 def test_predict_comm_right(capsys):
     lab04.check_predict_comm(predict_comm)
-    assert "\u2713 Exercise 4.5 (predict_comm): passed" in capsys.readouterr().out
+    assert "\u2713 Exercise 4.4 (predict_comm): passed" in capsys.readouterr().out
 
 
 def test_predict_comm_stub():
@@ -616,7 +616,7 @@ def test_predict_comm_stub():
 ])
 def test_predict_comm_wrong(wrong, fix):
     message = fails(lab04.check_predict_comm, wrong, Incorrect)
-    assert message.startswith("Exercise 4.5 (predict_comm): ")
+    assert message.startswith("Exercise 4.4 (predict_comm): ")
     assert fix in message
 
 

@@ -19,6 +19,26 @@ def test_labs_are_present_and_numbered():
         assert re.fullmatch(r"\d\d_[a-z0-9_]+\.ipynb", path.name), f"{path.name}: name labs NN_topic.ipynb"
 
 
+@pytest.mark.parametrize("path", LABS, ids=[p.name for p in LABS])
+def test_exercises_are_numbered_in_notebook_order_in_lab_deck_and_checks(path):
+    lab = int(path.name[:2])
+    nb = nbformat.read(path, as_version=4)
+    in_notebook = [m.group(1) for cell in nb.cells if cell.cell_type == "markdown"
+                   for m in re.finditer(rf"^#+ [Ee]xercise ({lab}\.\d+)", cell.source, re.MULTILINE)]
+    assert in_notebook == [f"{lab}.{i}" for i in range(1, len(in_notebook) + 1)], \
+        f"{path.name}: exercises appear as {in_notebook}; number them in the order the notebook runs them"
+    deck = ROOT / "slides" / f"{path.stem}.md"
+    if deck.exists():
+        mentioned = list(dict.fromkeys(re.findall(rf"[Ee]xercise ({lab}\.\d+)", deck.read_text())))
+        assert mentioned == sorted(mentioned, key=lambda n: int(n.split(".")[1])) and set(mentioned) <= set(in_notebook), \
+            f"{deck.name}: exercises appear as {mentioned}, the notebook has {in_notebook}"
+    checks = ROOT / "utils" / "checks" / f"lab{lab:02d}.py"
+    if checks.exists():
+        named = set(re.findall(rf"[Ee]xercise ({lab}\.\d+)", checks.read_text()))
+        assert named <= set(in_notebook), f"{checks.name} names exercises {sorted(named - set(in_notebook))} " \
+                                          f"that the notebook does not have"
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
 def test_committed_without_outputs(path):
     nb = nbformat.read(path, as_version=4)

@@ -48,7 +48,7 @@ HINTS = {
    keeps only about 7 digits (totals that nearly cancel, or counts above 2**24, come out wrong).
 2. dist.all_reduce(both): the default op sums over the ranks, and every rank receives the sums.
 3. return (both[0] / both[1]).item(): a Python float, the same on every rank.""",
-    "4.4": """Step by step:
+    "4.5": """Step by step:
 save_checkpoint(ddp_model, optimizer, path):
 1. if dist.get_rank() == 0: torch.save({"model": ddp_model.module.state_dict(),
    "optimizer": optimizer.state_dict()}, path)
@@ -57,7 +57,7 @@ save_checkpoint(ddp_model, optimizer, path):
 load_checkpoint(ddp_model, optimizer, path):
 1. state = torch.load(path, map_location=device) on every rank;
 2. ddp_model.module.load_state_dict(state["model"]); optimizer.load_state_dict(state["optimizer"]).""",
-    "4.5": """Step by step:
+    "4.4": """Step by step:
 1. buckets = ddp_bucket_bytes(grad_bytes): DDP's buckets, in bytes (utils.scaling; lab 06 has you write it).
 2. For each bucket of n bytes, lab 03's ring on k ranks takes 2(k-1) alpha + 2(k-1)/k n beta seconds:
    2(k-1) steps, each paying the latency alpha and moving n/k bytes at beta seconds per byte.
@@ -421,7 +421,7 @@ def check_global_mean(workers, global_mean) -> None:
     _warn_few_ranks(workers)
 
 
-# --- Exercise 4.4: checkpoints ------------------------------------------------------------
+# --- Exercise 4.5: checkpoints ------------------------------------------------------------
 
 
 @contextlib.contextmanager
@@ -585,9 +585,9 @@ def _checkpoint_job(save_checkpoint, load_checkpoint, path, delay_s):
 
 
 def check_checkpoint(workers, save_checkpoint, load_checkpoint, delay_s: float = 1.0) -> None:
-    """Exercise 4.4: ``save_checkpoint`` writes on rank 0 only then waits at a barrier;
+    """Exercise 4.5: ``save_checkpoint`` writes on rank 0 only then waits at a barrier;
     ``load_checkpoint`` restores model and optimizer on every rank, with map_location."""
-    name = "Exercise 4.4 (save_checkpoint, load_checkpoint)"
+    name = "Exercise 4.5 (save_checkpoint, load_checkpoint)"
     with exercise(name):
         _prepare_all(workers, [load_checkpoint, save_checkpoint], name)
         folder = tempfile.mkdtemp(prefix="lab04-check-")
@@ -605,7 +605,7 @@ def check_checkpoint(workers, save_checkpoint, load_checkpoint, delay_s: float =
     _warn_few_ranks(workers)
 
 
-# --- Exercise 4.5: predict a step's all-reduce ---------------------------------------------
+# --- Exercise 4.4: predict a step's all-reduce ---------------------------------------------
 
 
 _PREDICTION_CASES = [
@@ -643,11 +643,11 @@ def _diagnose_prediction(got_ms: float, want_ms: float, buckets: list[int], k: i
 
 
 def check_predict_comm(predict_comm) -> None:
-    """Exercise 4.5: ``predict_comm(grad_bytes, k, alpha, beta)`` returns ``(number of buckets, ms)``: DDP's
+    """Exercise 4.4: ``predict_comm(grad_bytes, k, alpha, beta)`` returns ``(number of buckets, ms)``: DDP's
     buckets for these gradients and the ring all-reduce time of all of them on k ranks, nothing overlapped."""
     from ..scaling import ddp_bucket_bytes
 
-    name = "Exercise 4.5 (predict_comm)"
+    name = "Exercise 4.4 (predict_comm)"
     with exercise(name):
         expect(callable(predict_comm), f"{name}: pass your function itself, got a {type(predict_comm).__name__}")
         for grad_bytes, k, alpha, beta in _PREDICTION_CASES:
