@@ -124,7 +124,7 @@ def _machine(result: dict) -> str:
 
 def figures() -> dict:
     """{file name: function returning a Figure}: every figure the decks may show."""
-    from utils import plotting
+    from utils import collectives, plotting
 
     def mlp():
         model = _recorded("ddp_xeon16.json")["settings"]["models"]["lab-01"]
@@ -144,7 +144,8 @@ def figures() -> dict:
         # (the no-communication variant); measured: p x compute step / DDP step.
         allreduce, ddp = _recorded("allreduce_overlap_xeon16.json"), _recorded("ddp_xeon16.json")
         two = [r for r in allreduce["rows"] if r["world_size"] == 2]
-        alpha, beta = plotting.fit_alpha_beta([r["n_bytes"] for r in two], [r["gloo_seconds"] for r in two])
+        alpha, beta = collectives.fit_alpha_beta([r["n_bytes"] for r in two], [r["gloo_seconds"] for r in two],
+                                                 world_size=2)   # the ring's model, as labs 03-06 fit it
         workers = list(range(1, 17))
         curves, measured = {}, {}
         for model in ("lab-01", "larger"):
@@ -152,7 +153,7 @@ def figures() -> dict:
             compute = rows[(2, "no-comm")]["median_step_ms"] / 1e3
             grad_bytes = rows[(2, "no-comm")]["grad_mib"] * 2 ** 20
             label = f"{model} ({rows[(2, 'no-comm')]['grad_mib']:.1f} MiB of gradients)"
-            curves[label] = plotting.predicted_speedup(workers, compute, grad_bytes, alpha, beta)
+            curves[label] = collectives.predicted_speedup(workers, compute, grad_bytes, alpha, beta)
             sizes = sorted({p for p, _ in rows})
             measured[label] = (sizes, [p * rows[(p, "no-comm")]["median_step_ms"] / rows[(p, "torch-ddp")]["median_step_ms"]
                                        for p in sizes])

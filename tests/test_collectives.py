@@ -238,3 +238,15 @@ def test_fit_never_negative():
     # A line through the origin with a tiny negative intercept: alpha is clamped to 0.
     a, b = fit_alpha_beta([1000, 2000, 3000], [1e-6 - 1e-9, 2e-6 - 1e-9, 3e-6 - 1e-9], relative=False)
     assert a == 0.0 and b == pytest.approx(1e-9, rel=1e-2)
+
+
+def test_predicted_speedup_adds_one_ring_all_reduce_per_step():
+    from utils.collectives import predicted_speedup
+
+    sizes = [2 ** k for k in range(10, 27, 2)]
+    alpha, beta = fit_alpha_beta(sizes, [ring_all_reduce_seconds(n, 2, 50e-6, 1 / 2e9) for n in sizes], world_size=2)
+    assert alpha == pytest.approx(50e-6, rel=1e-6) and beta == pytest.approx(1 / 2e9, rel=1e-6)
+    speedup = predicted_speedup([1, 2, 8], compute_s=0.01, grad_bytes=4e6, alpha=alpha, beta=beta)
+    assert speedup[0] == pytest.approx(1.0)
+    assert speedup[1] == pytest.approx(2 * 0.01 / (0.01 + 2 * alpha + 4e6 * beta))
+    assert 1 < speedup[1] < speedup[2] < 8

@@ -178,15 +178,3 @@ def test_ring_allreduce_diagram_ends_with_every_chunk_complete_on_every_rank(p):
     assert all(sum(len(cell) == p for cell in row) == 1 for row in after_reduce_scatter), \
         "after reduce-scatter each rank owns exactly one complete chunk"
     assert all(cell == set(range(p)) for row in steps[-1][2] for cell in row)
-
-
-def test_alpha_beta_fit_and_predicted_speedup():
-    from utils.plotting import fit_alpha_beta, predicted_speedup
-
-    sizes = [2 ** k for k in range(10, 27, 2)]
-    alpha, beta = fit_alpha_beta(sizes, [50e-6 + n / 2e9 for n in sizes])
-    assert alpha == pytest.approx(50e-6, rel=1e-6) and beta == pytest.approx(1 / 2e9, rel=1e-6)
-    speedup = predicted_speedup([1, 2, 8], compute_s=0.01, grad_bytes=4e6, alpha=alpha, beta=beta)
-    assert speedup[0] == pytest.approx(1.0)
-    assert speedup[1] == pytest.approx(2 * 0.01 / (0.01 + 2 * alpha + 4e6 * beta))
-    assert 1 < speedup[1] < speedup[2] < 8

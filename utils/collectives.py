@@ -18,6 +18,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from .perf import synchronize
+
 # nccl-tests' bus-bandwidth factors as functions of the world size p (see bus_bandwidth).
 _BUS_FACTORS = {
     "all_reduce": lambda p: 2 * (p - 1) / p,
@@ -215,6 +217,12 @@ def ring_all_reduce_seconds(n_bytes: float, world_size: int, alpha: float, beta:
     return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes * beta
 
 
+def predicted_speedup(workers, compute_s: float, grad_bytes: float, alpha: float, beta: float) -> list[float]:
+    """Weak-scaling speed-up of p workers when each step adds one ring all-reduce of the gradients
+    (``ring_all_reduce_seconds``) to ``compute_s`` of computation, without overlap: p t_c / (t_c + t_ring)."""
+    return [p * compute_s / (compute_s + ring_all_reduce_seconds(grad_bytes, p, alpha, beta)) for p in workers]
+
+
 def fit_alpha_beta(n_bytes, seconds, world_size: int | None = None, *, relative: bool = True) -> tuple[float, float]:
     """Least-squares ``(alpha, beta)`` of ``t = alpha + beta * n``, both >= 0.
 
@@ -258,12 +266,6 @@ def fit_alpha_beta(n_bytes, seconds, world_size: int | None = None, *, relative:
     return a / c_alpha, b
 
 
-def _synchronize() -> None:
-    # CUDA collectives return before the GPU has finished; the clock must wait for it.
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-
-
 def time_collective(fn, *, warmup: int = 2, repeats: int = 10) -> float:
     """Median seconds of ``fn()`` on this rank; every rank must call it at the same time.
 
@@ -277,14 +279,14 @@ def time_collective(fn, *, warmup: int = 2, repeats: int = 10) -> float:
     _require_process_group()
     for _ in range(warmup):
         fn()
-    _synchronize()
+    synchronize()  # CUDA collectives return before the GPU has finished
     times = []
     for _ in range(repeats):
         dist.barrier()
-        _synchronize()
+        synchronize()
         start = time.perf_counter()
         fn()
-        _synchronize()
+        synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 

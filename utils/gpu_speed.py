@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from .config import COURSE_ROOT
 from .models import WideResNet
+from .perf import synchronize
 
 RESULTS = COURSE_ROOT / "benchmarks" / "results"
 # name: (autocast dtype or None for fp32, channels_last, batch copied from pageable host memory each step)
@@ -109,7 +110,7 @@ def _train(data, device, depth, width, batch, lr, epochs, target, in_a_row, dtyp
     reached_epoch = reached_s = None
     for epoch in range(1, epochs + 1):
         model.train()
-        _sync(device)
+        synchronize(device)
         start = time.perf_counter()
         order = torch.randperm(len(x_train), device=device)
         for step in range(steps_per_epoch):
@@ -120,7 +121,7 @@ def _train(data, device, depth, width, batch, lr, epochs, target, in_a_row, dtyp
             loss.backward()
             optimizer.step()
             schedule.step()
-        _sync(device)
+        synchronize(device)
         train_s += time.perf_counter() - start
         model.eval()
         with torch.no_grad(), torch.autocast(**autocast):
@@ -133,11 +134,6 @@ def _train(data, device, depth, width, batch, lr, epochs, target, in_a_row, dtyp
             reached_epoch, reached_s = epoch, train_s
             break
     return {"epochs": history, "reached_epoch": reached_epoch, "reached_s": reached_s}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def recorded_runs(folder: Path = RESULTS) -> list[dict]:

@@ -1,6 +1,7 @@
-"""Counting the work in a step and measuring how fast this machine can do it.
+"""Counting the work in a step, measuring how fast this machine can do it, and the course's one timer.
 
-Taught in labs/01_mlp_cpu.ipynb ("Cost of a step").
+Taught in labs/01_mlp_cpu.ipynb ("Cost of a step"); ``synchronize`` and ``best_ms`` time GPU work
+everywhere in the library (lab 02 explains why the clock must wait for the device).
 """
 from __future__ import annotations
 
@@ -25,11 +26,38 @@ def mlp_train_flops(batch_size: int, n_layers: int, d_in: int, d_hidden: int, n_
     return 3 * sum(layers) - layers[0]
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
+def synchronize(device: torch.device | str | None = None) -> None:
+    """Wait until ``device`` has finished the work queued on it (GPU calls return before).
+
+    ``None``: the current CUDA device, if CUDA is in use in this process. CPU work is done when its call
+    returns."""
+    device = torch.device(device) if device is not None else None
+    if device is None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+    elif device.type == "cuda":
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+def best_ms(fn, device, repeats: int, rounds: int = 3, warmup: bool = True) -> float:
+    """Best of ``rounds`` synchronised timings of ``repeats`` calls of ``fn``, in ms per call.
+
+    One untimed call first (allocations, library set-up) unless ``warmup`` is False; the best round
+    is the one least disturbed by other programs."""
+    device = torch.device(device)
+    if warmup:
+        fn()
+    best = float("inf")
+    for _ in range(rounds):
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        synchronize(device)
+        best = min(best, (time.perf_counter() - start) * 1e3 / repeats)
+    return best
 
 
 def matmul_peak_gflops(device=None, size: int = 2048, repeats: int = 10,
@@ -42,12 +70,4 @@ def matmul_peak_gflops(device=None, size: int = 2048, repeats: int = 10,
     device = torch.device(device or "cpu")
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
-    a @ b
-    _synchronize(device)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        _synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * size ** 3 / best / 1e9
+    return 2 * size ** 3 / (best_ms(lambda: a @ b, device, repeats=1, rounds=repeats) / 1e3) / 1e9

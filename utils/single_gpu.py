@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from .config import COURSE_ROOT
 from .models import MLP
+from .perf import best_ms, synchronize
 
 RESULTS = COURSE_ROOT / "benchmarks" / "results"
 PATTERN = "lab02_gpu_*.json"
@@ -30,25 +31,6 @@ def _cuda(device) -> torch.device:
     return device
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _best_ms(fn, device: torch.device, repeats: int, rounds: int = 3) -> float:
-    """Best of ``rounds`` synchronised timings of ``repeats`` calls, in ms per call, after a warm-up."""
-    fn()
-    best = float("inf")
-    for _ in range(rounds):
-        _sync(device)
-        start = time.perf_counter()
-        for _ in range(repeats):
-            fn()
-        _sync(device)
-        best = min(best, (time.perf_counter() - start) * 1e3 / repeats)
-    return best
-
-
 def copy_rates(device, sizes_mb=(1, 4, 16, 64, 256), repeats: int = 20) -> list[dict]:
     """GB/s of host-to-GPU copies: from pageable memory, from pinned memory, and pin_memory() + copy."""
     device = _cuda(device)
@@ -57,7 +39,7 @@ def copy_rates(device, sizes_mb=(1, 4, 16, 64, 256), repeats: int = 20) -> list[
         pageable = torch.randn(mb * 2**20 // 4)
         pinned = pageable.pin_memory()
         n_bytes = pageable.numel() * 4
-        rate = lambda copy: n_bytes / (_best_ms(copy, device, repeats) / 1e3) / 1e9  # noqa: E731
+        rate = lambda copy: n_bytes / (best_ms(copy, device, repeats) / 1e3) / 1e9  # noqa: E731
         rows.append({"mb": mb,
                      "pageable_gbps": rate(lambda: pageable.to(device)),
                      "pinned_gbps": rate(lambda: pinned.to(device, non_blocking=True)),
@@ -73,11 +55,11 @@ def copy_return_times(device, mb: int = 64) -> list[dict]:
     for memory, tensor in (("pageable", source), ("pinned", source.pin_memory())):
         for non_blocking in (False, True):
             tensor.to(device, non_blocking=non_blocking)  # warm-up
-            _sync(device)
+            synchronize(device)
             start = time.perf_counter()
             tensor.to(device, non_blocking=non_blocking)
             returned = time.perf_counter()
-            _sync(device)
+            synchronize(device)
             arrived = time.perf_counter()
             rows.append({"memory": memory, "non_blocking": non_blocking, "mb": mb,
                          "returned_ms": (returned - start) * 1e3, "arrived_ms": (arrived - start) * 1e3})
@@ -92,10 +74,10 @@ def matmul_timings(device, size: int = 2048, n_matmuls: int = 10, rounds: int = 
     def matmuls():
         for _ in range(n_matmuls):
             a @ b
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     matmuls()
-    _sync(device)
+    synchronize(device)
     first = (time.perf_counter() - start) * 1e3
     naive = synced = events = float("inf")
     start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -103,10 +85,10 @@ def matmul_timings(device, size: int = 2048, n_matmuls: int = 10, rounds: int = 
         start = time.perf_counter()
         matmuls()
         naive = min(naive, (time.perf_counter() - start) * 1e3)  # the GPU is still busy here
-        _sync(device)
+        synchronize(device)
         start = time.perf_counter()
         matmuls()
-        _sync(device)
+        synchronize(device)
         synced = min(synced, (time.perf_counter() - start) * 1e3)
         start_event.record()
         matmuls()
@@ -138,8 +120,8 @@ def sync_point_cost(device, batch_sizes=(16, 64, 256), steps: int = 20) -> list[
     for batch in batch_sizes:
         batches = [(torch.randn(batch, 1024, device=device), torch.randint(0, 32, (batch,), device=device))
                    for _ in range(steps)]
-        on_device = _best_ms(lambda: _steps(model, optimizer, batches, False), device, 1) / steps
-        with_item = _best_ms(lambda: _steps(model, optimizer, batches, True), device, 1) / steps
+        on_device = best_ms(lambda: _steps(model, optimizer, batches, False), device, 1) / steps
+        with_item = best_ms(lambda: _steps(model, optimizer, batches, True), device, 1) / steps
         rows.append({"batch": batch, "on_device_ms": on_device, "item_every_step_ms": with_item})
     return rows
 
@@ -215,9 +197,9 @@ def pinned_loop(device, batch: int = 1024, steps: int = 50, n_samples: int = 163
             nxt = (x_pinned[s:s + batch].to(device, non_blocking=True),
                    y_pinned[s:s + batch].to(device, non_blocking=True))
             step(x, y)
-    return [{"loop": "pageable, blocking copies", "batch": batch, "ms_per_step": _best_ms(pageable, device, 1) / steps},
+    return [{"loop": "pageable, blocking copies", "batch": batch, "ms_per_step": best_ms(pageable, device, 1) / steps},
             {"loop": "pinned, non_blocking, next batch copied ahead", "batch": batch,
-             "ms_per_step": _best_ms(pinned_prefetch, device, 1) / steps}]
+             "ms_per_step": best_ms(pinned_prefetch, device, 1) / steps}]
 
 
 def measure_all(device) -> dict:

@@ -18,6 +18,7 @@ from torch.utils._pytree import tree_leaves
 
 from . import ExerciseError, Incorrect, exercise, expect, show_hint
 from ..models import MLP
+from ..perf import best_ms
 
 HINTS = {
     "2.1": """Step by step:
@@ -273,15 +274,6 @@ def _reference_losses_on_device(model, batches, lr: float) -> torch.Tensor:
     return torch.stack(losses)
 
 
-def _synchronised_ms(fn, device: torch.device, repeats: int) -> float:
-    torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    torch.cuda.synchronize(device)
-    return (time.perf_counter() - start) * 1e3 / repeats
-
-
 class _SimulatedGPU:
     """A stand-in for a CUDA stream, so that the timer check can see missing synchronisation on a CPU.
 
@@ -478,9 +470,9 @@ def check_time_ms(time_ms) -> None:
 
         repeats = 5
         matmuls()  # warm-up: cuBLAS set-up and memory allocation are not part of the test
-        reference = _synchronised_ms(matmuls, device, repeats)
+        reference = best_ms(matmuls, device, repeats, rounds=1, warmup=False)
         result = float(time_ms(matmuls, device, repeats))
-        reference = min(reference, _synchronised_ms(matmuls, device, repeats))
+        reference = min(reference, best_ms(matmuls, device, repeats, rounds=1, warmup=False))
         expect(result >= reference * 0.7,
                f"on cuda, 8 matrix products took {result:.3f} ms by your measure but "
                f"{reference:.3f} ms when synchronised: GPU work is asynchronous, so your clock stopped "
