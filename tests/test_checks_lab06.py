@@ -6,12 +6,14 @@ script passing is proven by the notebook test, whose check cell runs it.)
 """
 from __future__ import annotations
 
+import random
+
 import nbformat
 import pytest
 
 from check_helpers import fails
 from notebook_runner import ROOT
-from utils import release, scaling
+from utils import release
 from utils.checks import Incorrect, NotSolved, lab06
 
 pytestmark = pytest.mark.timeout(900)
@@ -92,49 +94,128 @@ def test_reference_without_set_epoch_differs():
 
 
 # --- 6.2 buckets -------------------------------------------------------------------------------------
+# The wrong answers are the notebook's own solution with one typical mistake written in, as for the job.
 
 
-def test_reference_buckets_match_torch():
-    for _, sizes, cap in lab06.BUCKET_CASES:
-        assert scaling.ddp_bucket_bytes(sizes, cap) == lab06._torch_buckets(sizes, cap)
-    lab06.check_buckets(scaling.ddp_bucket_bytes)
+def bucket_solution(*replacements):
+    """The notebook's ddp_bucket_bytes, with each (old, new) replaced in its source."""
+    nb = nbformat.read(LAB, as_version=4)
+    text = next(c.source for c in nb.cells if c.source.startswith("def ddp_bucket_bytes("))
+    for old, new in replacements:
+        assert old in text, f"the lab's ddp_bucket_bytes no longer contains {old!r}: update this test"
+        text = text.replace(old, new)
+    namespace = {}
+    exec(text, namespace)
+    return namespace["ddp_bucket_bytes"]
 
 
-def close_before_overflow(param_bytes, bucket_cap_mb=25.0):
-    limits, buckets, size = (2 ** 20, bucket_cap_mb * 2 ** 20), [], 0
-    for nbytes in param_bytes:
-        if size and size + nbytes > limits[min(len(buckets), 1)]:
-            buckets.append(size)
-            size = 0
-        size += nbytes
-    return buckets + ([size] if size else [])
+EXPLICIT = "limits = (int(bucket_cap_mb * 2 ** 20),) * 2"
+DEFAULT = "limits = (2 ** 20, 25 * 2 ** 20)"
+CLOSE = "        size += nbytes\n        if size >= limits[min(len(buckets), 1)]:\n            buckets.append(size)\n            size = 0\n"
+RETURN = "return buckets + ([size] if size else [])"
+
+BUCKET_MISTAKES = {
+    "MB for MiB": ([("2 ** 20", "10 ** 6")], "your limits count MB (10**6 bytes)"),
+    "1 MiB first bucket whatever the cap": ([(EXPLICIT, "limits = (2 ** 20, int(bucket_cap_mb * 2 ** 20))")],
+                                            "your first bucket's limit is 1 MiB although bucket_cap_mb was given"),
+    "min(1 MiB, cap) first bucket": ([(EXPLICIT, "limits = (min(2 ** 20, int(bucket_cap_mb * 2 ** 20)), "
+                                                 "int(bucket_cap_mb * 2 ** 20))")],
+                                     "the smaller of 1 MiB and the cap"),
+    "default taken as 25 MiB": ([(DEFAULT, "limits = (25 * 2 ** 20, 25 * 2 ** 20)")],
+                                "with bucket_cap_mb left at its default (None), your first bucket's limit is 25 MiB"),
+    "closed only above the limit": ([("if size >= limits", "if size > limits")],
+                                    "a bucket that holds exactly its limit stays open"),
+    "closed before it would overflow": ([(CLOSE, "        if size and size + nbytes > limits[min(len(buckets), 1)]:\n"
+                                                 "            buckets.append(size)\n            size = 0\n"
+                                                 "        size += nbytes\n")],
+                                        "you close a bucket before a gradient would take it over its limit"),
+    "filled in model.parameters() order": ([("reversed(param_bytes)", "param_bytes")],
+                                           "you filled the buckets from the first parameter"),
+    "listed last bucket first": ([(RETURN, "return (buckets + ([size] if size else []))[::-1]")],
+                                 "your buckets are DDP's, listed last to first"),
+    "cap rounded to whole MiB": ([("int(bucket_cap_mb * 2 ** 20)", "int(bucket_cap_mb) * 2 ** 20")],
+                                 "your limit looks rounded to a whole number of MiB"),
+    "None not handled": ([("    if bucket_cap_mb is None:", "    if False:")],
+                         "None means the cap was left at DDP's default"),
+    "the last bucket dropped": ([(RETURN, "return buckets")], "every gradient goes into exactly one bucket"),
+    "sizes as floats": ([(RETURN, "return [float(b) for b in buckets + ([size] if size else [])]")],
+                        "whole numbers of bytes"),
+}
 
 
-def no_first_bucket(param_bytes, bucket_cap_mb=25.0):
-    buckets, size = [], 0
-    for nbytes in param_bytes:
-        size += nbytes
-        if size >= bucket_cap_mb * 2 ** 20:
-            buckets.append(size)
-            size = 0
-    return buckets + ([size] if size else [])
+def test_the_rule_is_what_a_real_ddp_records():
+    # The check's own reading of torch (_rule) names mistakes only; still, it must be what DDP does.
+    cases = lab06.BUCKET_CASES + [lab06._random_case(random.Random(seed)) for seed in range(8)]
+    for _, sizes, cap in cases:
+        assert lab06._rule(sizes, cap) == lab06.recorded_buckets(sizes, cap), (sizes, cap)
+    MiB = 2 ** 20    # the issue's measurement: 12 parameters of 1 MiB
+    assert lab06.recorded_buckets([MiB] * 12) == [MiB, 11 * MiB]
+    assert lab06.recorded_buckets([MiB] * 12, 25) == [12 * MiB]
+    assert lab06.recorded_buckets([MiB] * 12, 5) == [5 * MiB, 5 * MiB, 2 * MiB]
 
 
-def drops_the_last(param_bytes, bucket_cap_mb=25.0):
-    return scaling.ddp_bucket_bytes(param_bytes, bucket_cap_mb)[:-1] or [0]
+def test_the_fixed_cases_tell_every_mistake_apart():
+    # Each misreading is wrong on some fixed case, and no other misreading gives all its answers.
+    answers = {name: [lab06._rule(s, c, **kwargs) for _, s, c in lab06.BUCKET_CASES]
+               for name, kwargs, _ in lab06.BUCKET_MISTAKES}
+    right = [lab06._rule(s, c) for _, s, c in lab06.BUCKET_CASES]
+    for name, got in answers.items():
+        assert got != right, name
+        assert [other for other, theirs in answers.items() if theirs == got] == [name]
 
 
-@pytest.mark.parametrize("wrong, message", [
-    (close_before_overflow, "first bucket"),
-    (no_first_bucket, "first bucket's limit is 1 MiB"),
-    (drops_the_last, "every gradient goes into exactly one bucket"),
-    (lambda sizes, bucket_cap_mb=25.0: [float(sum(sizes))], "whole numbers of bytes"),
-])
-def test_bucket_mistakes(wrong, message):
-    assert message in fails(lab06.check_buckets, wrong, Incorrect)
+def test_the_solution_passes(capsys):
+    lab06.check_buckets(bucket_solution())
+    assert "checked against the buckets of a real DistributedDataParallel" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mistake", BUCKET_MISTAKES, ids=list(BUCKET_MISTAKES))
+def test_bucket_mistake_gets_its_own_message(mistake):
+    replacements, message = BUCKET_MISTAKES[mistake]
+    got = fails(lab06.check_buckets, bucket_solution(*replacements), Incorrect)
+    assert message in got, got
+    others = [m for name, (_, m) in BUCKET_MISTAKES.items() if name != mistake and m in got]
+    assert not others, f"{mistake} also got the message of another mistake: {got}"
+
+
+def test_answers_written_in_for_the_fixed_cases_fail_on_random_sizes():
+    written = {(tuple(sizes), cap): lab06.recorded_buckets(sizes, cap) for _, sizes, cap in lab06.BUCKET_CASES}
+
+    def hard_coded(param_bytes, bucket_cap_mb=None):
+        return written.get((tuple(param_bytes), bucket_cap_mb), [sum(param_bytes) - 4, 4])
+
+    got = fails(lab06.check_buckets, hard_coded, Incorrect)
+    assert "were DDP's on every fixed case but not on these random sizes" in got, got
+
+
+def test_asking_the_checks_own_recording_fails():
+    got = fails(lab06.check_buckets, lambda param_bytes, bucket_cap_mb=None: lab06.recorded_buckets(param_bytes, bucket_cap_mb),
+                Incorrect)
+    assert "asked the check's own recording of DDP" in got, got
 
 
 def test_bucket_stub_is_not_solved():
     def stub(*args, **kwargs):
         raise NotImplementedError("Hint: x")
     assert "Hint: x" in fails(lab06.check_buckets, stub, NotSolved)
+
+
+# --- the lab's worker count -----------------------------------------------------------------------------
+
+
+def test_the_labs_worker_count_divides_the_global_batch_on_any_core_count():
+    # Section 4 runs the job with 1, 2 and N processes at the job's global batch, which the script refuses
+    # unless the world size divides it; section 3's strong scaling splits GLOBAL over N workers.
+    from types import SimpleNamespace
+
+    lines = [line for c in nbformat.read(LAB, as_version=4).cells if c.cell_type == "code"
+             for line in c.source.splitlines()]
+    wanted = [next(line for line in lines if line.startswith(start)) for start in ("N = ", "JOB = dict(", "GLOBAL, ")]
+    for quick in (True, False):
+        for cores in range(1, 65):
+            names = {"config": SimpleNamespace(pick=lambda q, f: q if quick else f), "CORES": cores,
+                     "TRAIN_SIZE": 1, "TEST_SIZE": 1}
+            exec("\n".join(wanted), names)
+            for nproc in {1, 2, names["N"]}:
+                assert names["JOB"]["global_batch"] % nproc == 0, (quick, cores, nproc)
+            assert names["GLOBAL"] % names["N"] == 0, (quick, cores)

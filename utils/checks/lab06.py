@@ -7,11 +7,20 @@ global batches, and compares: the final weights the script saved, the train loss
 logged. Each typical mistake gets its own message: no sampler, no ``set_epoch``, logging or saving on
 every rank, metrics not averaged over ranks, no teardown (also when training fails), a rank or world
 size written into the script.
+
+``check_buckets(ddp_bucket_bytes)`` compares the learner's buckets with those a real
+``DistributedDataParallel`` all-reduces for parameters of the same sizes (``recorded_buckets``: a comm
+hook on a one-rank gloo group of its own), on fixed cases that tell the typical misreadings of torch's
+rule apart (MB for MiB, a default cap for an explicit one, the first bucket's limit, ``>`` for ``>=``,
+the order of the parameters and of the buckets, a cap rounded to whole MiB), each with its own message,
+then on random sizes, which answers written in for the fixed cases do not pass.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -22,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import NotSolved, exercise, expect, show_hint
+from . import Incorrect, NotSolved, exercise, expect, show_hint
 from .job_probe import INJECTED
 
 # The tiny problem the check trains: sizes that do not divide evenly (padding, a short last batch).
@@ -48,11 +57,17 @@ HINTS = {
    one dist.all_reduce of the two, then divide. Evaluate as you like (rank 0 alone is fine).
 6. Only rank 0 prints the epoch line and saves ddp_model.module.state_dict() to args.out/model.pt.
 7. try: ... finally: dist.destroy_process_group(), so a failing step still tears the group down.""",
-    "6.2": """Step by step:
-1. limits = (2**20, bucket_cap_mb * 2**20): the first bucket's limit, then every other bucket's.
-2. Walk param_bytes adding each size to the open bucket; once it holds at least its limit (the limit of
-   bucket number len(buckets), the first or the others), append its size to the list and open a new one.
-3. At the end, a bucket that is not empty is the last one.""",
+    "6.2": """Step by step (the text before the exercise; torch's rule is _BucketCapacityConfig.create in
+torch/nn/parallel/distributed.py):
+1. The limits. bucket_cap_mb None is DDP's default: a first bucket of 1 MiB
+   (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), then 25 MiB for every bucket after it. A cap given
+   explicitly is the limit of every bucket, the first one's too. A MiB is 2**20 bytes, and a cap may be
+   a fraction of a MiB: turn it into bytes before rounding.
+2. The order. Backward produces the last parameter's gradient first, so walk param_bytes from its end.
+3. Add each size to the open bucket; once the bucket holds at least its limit (the first bucket's limit
+   while no bucket is closed yet, the later buckets' after), note its size and open a new bucket.
+4. At the end, a bucket that is not empty is the last one. Return the sizes in the order you noted
+   them: that is the order DDP all-reduces them.""",
 }
 
 
@@ -306,44 +321,231 @@ def check_job(script) -> None:
 
 
 # --- Exercise 6.2: DDP's buckets ------------------------------------------------------------------
+#
+# The rule is torch's, read in torch/nn/parallel/distributed.py (torch 2.14): _BucketCapacityConfig.create
+# gives the first bucket dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB) only when bucket_cap_mb is None (the
+# default), and the cap itself when bucket_cap_mb is given; _MB_TO_BYTES is 1024 * 1024. The check does
+# not trust that reading: the answers it compares with are the buckets a real DistributedDataParallel
+# makes, recorded by a comm hook.
+
+MiB = 2 ** 20
 
 
-def _torch_buckets(param_bytes: list[int], bucket_cap_mb: float) -> list[int]:
-    """What torch's own bucket assignment makes of these sizes (float32 tensors of those sizes)."""
+def _private_group():
+    """A gloo process group of one rank, built without init_process_group, so that recording DDP's
+    buckets neither needs nor disturbs a default process group in the learner's kernel."""
     import torch.distributed as dist
 
-    tensors = [torch.empty(n // 4) for n in param_bytes]
-    indices, _ = dist._compute_bucket_assignment_by_size(tensors, [2 ** 20, int(bucket_cap_mb * 2 ** 20)])
-    return [sum(param_bytes[i] for i in bucket) for bucket in indices]
+    global _GROUP
+    if _GROUP is None:
+        store = dist.HashStore()
+        group = dist.ProcessGroup(store, 0, 1)
+        group._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+        group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
+                                dist.ProcessGroupGloo(store, 0, 1))
+        _GROUP = group
+    return _GROUP
 
 
-BUCKET_CASES = [
-    ("one small model", [4 * 1290, 4 * 128, 4 * 36864, 4 * 32, 4 * 4608, 4 * 16, 4 * 144], 25.0),
-    ("a parameter of exactly 1 MiB first", [2 ** 20, 4 * 10, 4 * 10], 25.0),
-    ("a parameter larger than the cap", [4 * 100, 12 * 2 ** 20, 4 * 100, 4 * 100], 5.0),
-    ("many 0.4 MiB parameters", [int(0.4 * 2 ** 20) // 4 * 4] * 12, 1.0),
-    ("the cap reached exactly", [2 ** 20, 2 ** 21, 2 ** 21, 4 * 3], 4.0),
+_GROUP = None
+
+
+class _SizedParameters(torch.nn.Module):
+    """float32 parameters of the given sizes in bytes, used by forward in the order they are defined
+    (as the layers of a network are), so backward produces their gradients last to first."""
+
+    def __init__(self, param_bytes):
+        super().__init__()
+        self.weights = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(n // 4)) for n in param_bytes)
+
+    def forward(self, x):
+        for weight in self.weights:
+            x = x + weight.sum()
+        return x
+
+
+_ANSWERING = {"now": False, "asked": False}   # set while the learner's function runs
+
+
+def recorded_buckets(param_bytes, bucket_cap_mb=None) -> list[int]:
+    """The buckets a real ``DistributedDataParallel`` makes for float32 parameters of these sizes (bytes,
+    in ``model.parameters()`` order), in bytes, in the order it all-reduces them.
+
+    A comm hook records every bucket's buffer in the second training step: in the first, DDP puts all
+    gradients in one bucket and notes the order in which they arrive; it then rebuilds its buckets in
+    that order. ``bucket_cap_mb`` is passed to DDP as it is (None: DDP's default).
+    """
+    if _ANSWERING["now"]:
+        _ANSWERING["asked"] = True
+    return list(_recorded(tuple(int(n) for n in param_bytes), bucket_cap_mb))
+
+
+@functools.lru_cache(maxsize=128)
+def _recorded(param_bytes: tuple, bucket_cap_mb) -> tuple:
+    from torch.nn.parallel import DistributedDataParallel
+
+    if any(n <= 0 or n % 4 for n in param_bytes):
+        raise ValueError(f"sizes must be positive multiples of 4 bytes (float32): {param_bytes}")
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(_SizedParameters(param_bytes), process_group=_private_group(),
+                                  bucket_cap_mb=bucket_cap_mb)
+    record = []
+
+    def hook(state, bucket):
+        buffer = bucket.buffer()
+        record.append(buffer.numel() * buffer.element_size())
+        done = torch.futures.Future()
+        done.set_result(buffer)
+        return done
+
+    ddp.register_comm_hook(None, hook)
+    for _ in range(2):
+        record.clear()
+        ddp(torch.zeros(())).backward()
+    return tuple(record)
+
+
+def _rule(param_bytes, bucket_cap_mb=None, *, unit=MiB, first="cap", order="backward", close="at least",
+          whole_mib=False, listed="in order"):
+    """Buckets by the rule torch applies, or by a typical misreading of it (the keywords), used only to
+    name a wrong answer's mistake; what is right is what ``recorded_buckets`` records."""
+    if bucket_cap_mb is None:
+        limits = ((25 if first == "25 MiB" else 1) * unit, 25 * unit)
+    else:
+        cap = int((int(bucket_cap_mb) if whole_mib else bucket_cap_mb) * unit)
+        limits = ({"cap": cap, "1 MiB": unit, "min": min(unit, cap), "25 MiB": cap}[first], cap)
+    buckets, size = [], 0
+    for nbytes in (reversed(param_bytes) if order == "backward" else param_bytes):
+        limit = limits[min(len(buckets), 1)]
+        if close == "before overflow" and size and size + nbytes > limit:
+            buckets.append(size)
+            size = 0
+        size += nbytes
+        if size >= limit if close == "at least" else size > limit if close == "above" else False:
+            buckets.append(size)
+            size = 0
+    buckets += [size] if size else []
+    return buckets[::-1] if listed == "reversed" else buckets
+
+
+# Each typical mistake: how it reads the rule, and what is wrong with it, in words.
+BUCKET_MISTAKES = [
+    ("MB for MiB", dict(unit=10 ** 6),
+     "your limits count MB (10**6 bytes); DDP's bucket_cap_mb and its 1 MiB first bucket count MiB, "
+     "2**20 = 1,048,576 bytes (torch/nn/parallel/distributed.py, _MB_TO_BYTES)."),
+    ("1 MiB first bucket whatever the cap", dict(first="1 MiB"),
+     "your first bucket's limit is 1 MiB although bucket_cap_mb was given. DDP uses its small first bucket "
+     "(torch.distributed._DEFAULT_FIRST_BUCKET_BYTES) only when bucket_cap_mb is left at its default; "
+     "an explicit cap is the limit of every bucket, the first included."),
+    ("min(1 MiB, cap) first bucket", dict(first="min"),
+     "your first bucket's limit is the smaller of 1 MiB and the cap. With bucket_cap_mb given, DDP's first "
+     "bucket has the cap as its limit even when the cap is above 1 MiB: the 1 MiB first bucket belongs to "
+     "the default only."),
+    ("default taken as 25 MiB for every bucket", dict(first="25 MiB"),
+     "with bucket_cap_mb left at its default (None), your first bucket's limit is 25 MiB. DDP's default "
+     "gives the first bucket a limit of its own, 1 MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), "
+     "so the last layers' gradients start travelling early; 25 MiB is the limit of the buckets after it."),
+    ("closed only above the limit", dict(close="above"),
+     "a bucket that holds exactly its limit stays open in yours. DDP closes a bucket as soon as it holds "
+     "at least its limit."),
+    ("closed before it would overflow", dict(close="before overflow"),
+     "you close a bucket before a gradient would take it over its limit. DDP puts that gradient in too and "
+     "closes the bucket after it: a bucket is closed once it holds at least its limit."),
+    ("filled in model.parameters() order", dict(order="forward"),
+     "you filled the buckets from the first parameter of model.parameters(). DDP fills them in the order "
+     "backward produces the gradients, which for these models is the reverse: the last parameters' "
+     "gradients go into the first bucket."),
+    ("listed last bucket first", dict(listed="reversed"),
+     "your buckets are DDP's, listed last to first: return them in the order DDP all-reduces them, the "
+     "bucket of the last parameters first."),
+    ("cap rounded to whole MiB", dict(whole_mib=True),
+     "your limit looks rounded to a whole number of MiB: bucket_cap_mb may be a fraction (0.5 MiB is "
+     "524,288 bytes), and DDP converts it to bytes before rounding."),
 ]
+
+# Sizes in bytes, in model.parameters() order (float32, so multiples of 4), and bucket_cap_mb
+# (None: DDP's default). Each case tells some mistakes apart (tests/test_checks_lab06.py shows that
+# every mistake gets its own message).
+BUCKET_CASES = [
+    # Backward order 990000, 20000, 20000, 40000, ...: MiB closes the first bucket at 1,070,000, MB at
+    # 1,010,000, closing before an overflow at 1,030,000; a 25 MiB first limit makes one bucket.
+    ("default cap, the last gradients just under 1 MiB",
+     [4 * 150_000, 4 * 120_000, 40_000, 20_000, 20_000, 990_000], None),
+    # The last gradient is exactly 1 MiB: at least its limit, so it is a bucket of its own.
+    ("default cap, the last gradient exactly 1 MiB", [4 * 100, 4 * 30_000, 4 * 2_000, MiB], None),
+    # 25 given explicitly: no small first bucket, 7.6 MB fits one bucket of 25 MiB.
+    ("bucket_cap_mb=25 given", [4 * 300_000, 4 * 1_000_000, 4 * 200_000, 4 * 400_000], 25),
+    # A cap below 1 MiB tells "1 MiB whatever the cap" from min(1 MiB, cap), and a fraction of a MiB.
+    ("bucket_cap_mb=0.5, small gradients", [4 * 40_000, 4 * 60_000, 4 * 50_000, 4 * 70_000, 4 * 30_000], 0.5),
+    # A gradient larger than the cap goes into the bucket that it overflows.
+    ("bucket_cap_mb=2, a gradient larger than the cap", [4 * 20_000, 3 * MiB, 4 * 300_000, MiB, 4 * 200_000], 2),
+]
+RANDOM_CAPS = [None, None, 0.25, 0.5, 0.75, 1, 1.5, 2]   # multiples of 1/8 MiB: whole bytes
+
+
+def _random_case(rng: random.Random):
+    n = rng.randint(4, 9)
+    sizes = [4 * rng.randint(1_000, 400_000) for _ in range(n)]
+    return "random sizes", sizes, rng.choice(RANDOM_CAPS)
+
+
+def _answer(ddp_bucket_bytes, sizes, cap) -> list[int]:
+    """The learner's buckets for one case, checked for their form."""
+    _ANSWERING.update(now=True, asked=False)
+    try:
+        got = ddp_bucket_bytes(list(sizes), bucket_cap_mb=cap)
+    except TypeError as error:
+        if cap is None:
+            raise Incorrect(f"6.2: called with bucket_cap_mb=None, your function raised TypeError: {error}. "
+                            f"None means the cap was left at DDP's default (as in DistributedDataParallel's "
+                            f"own signature), whose buckets differ from any cap given explicitly.") from error
+        raise
+    finally:
+        _ANSWERING["now"] = False
+    expect(not _ANSWERING["asked"], "6.2: your function asked the check's own recording of DDP "
+                                    "(lab06.recorded_buckets) for the answer: compute the buckets from the "
+                                    "sizes and the rule in the text.")
+    expect(isinstance(got, (list, tuple)) and all(isinstance(n, int) and not isinstance(n, bool) for n in got),
+           f"6.2: return a list of whole numbers of bytes, one per bucket; got {got!r}")
+    return list(got)
+
+
+def _describe(label, sizes, cap) -> str:
+    return f"{label}: sizes {sizes} bytes in model.parameters() order, bucket_cap_mb={cap}"
+
+
+def _judge(cases, answers, otherwise: str = "") -> None:
+    """Fail with the message of the first wrong answer, naming its mistake where one reading explains it
+    (``otherwise`` where none does)."""
+    wants = [recorded_buckets(sizes, cap) for _, sizes, cap in cases]
+    wrong = [i for i, (got, want) in enumerate(zip(answers, wants)) if got != want]
+    if not wrong:
+        return
+    first = wrong[0]
+    (label, sizes, cap), got, want = cases[first], answers[first], wants[first]
+    case = f"6.2 ({_describe(label, sizes, cap)}): you made buckets of {got} bytes, DDP makes {want}"
+    expect(sum(got) == sum(sizes), f"{case}. Your buckets hold {sum(got)} bytes in all, the gradients "
+                                   f"{sum(sizes)}: every gradient goes into exactly one bucket.")
+    everywhere = [message for _, kwargs, message in BUCKET_MISTAKES
+                  if all(_rule(s, c, **kwargs) == a for (_, s, c), a in zip(cases, answers))]
+    here = [message for _, kwargs, message in BUCKET_MISTAKES if _rule(sizes, cap, **kwargs) == got]
+    if everywhere or len(here) == 1:
+        expect(False, f"{case}: {(everywhere or here)[0]}")
+    expect(False, f"{case}.{otherwise}")
 
 
 def check_buckets(ddp_bucket_bytes) -> None:
-    """Exercise 6.2: bucket sizes against torch's own ``_compute_bucket_assignment_by_size``."""
+    """Exercise 6.2: bucket sizes against the buckets of a real DistributedDataParallel (a comm hook
+    records them), on fixed cases that tell the typical mistakes apart, then on a random one."""
     with exercise("6.2"):
-        for label, sizes, cap in BUCKET_CASES:
-            want = _torch_buckets(sizes, cap)
-            got = ddp_bucket_bytes(list(sizes), bucket_cap_mb=cap)
-            expect(isinstance(got, (list, tuple)) and all(isinstance(n, int) for n in got),
-                   f"6.2: return a list of whole numbers of bytes, one per bucket; got {got!r}")
-            got = list(got)
-            expect(sum(got) == sum(sizes), f"6.2 ({label}): your buckets hold {sum(got)} bytes in all, the "
-                                           f"gradients {sum(sizes)}: every gradient goes into exactly one bucket.")
-            if got != want and len(got) == len(want) + 1 and got[:len(want) - 1] == want[:len(want) - 1]:
-                expect(False, f"6.2 ({label}, cap {cap} MiB): you made {got}, DDP makes {want}: a bucket is closed "
-                              f"as soon as it holds *at least* its limit (the gradient that crosses it goes in too), "
-                              f"not before it would overflow.")
-            if got != want and got and want and got[0] != want[0]:
-                expect(False, f"6.2 ({label}, cap {cap} MiB): your first bucket holds {got[0]} bytes, DDP's "
-                              f"{want[0]}: the first bucket's limit is 1 MiB (2**20 bytes) whatever the cap, so the "
-                              f"last layers' gradients start travelling early.")
-            expect(got == want, f"6.2 ({label}, cap {cap} MiB, gradient sizes {sizes}): you made buckets of {got} "
-                                f"bytes, DDP makes {want}.")
+        answers = [_answer(ddp_bucket_bytes, sizes, cap) for _, sizes, cap in BUCKET_CASES]
+        _judge(BUCKET_CASES, answers)
+        label, sizes, cap = _random_case(random.Random())
+        got = _answer(ddp_bucket_bytes, sizes, cap)
+        want = recorded_buckets(sizes, cap)
+        _judge([(label, sizes, cap)], [got],
+               " Your answers were DDP's on every fixed case but not on these random sizes: answers written "
+               "in for the fixed cases, rather than computed from the sizes and the cap, fail here.")
+        print(f"  checked against the buckets of a real DistributedDataParallel (recorded by a comm hook) on "
+              f"{len(BUCKET_CASES)} fixed cases and one random one ({len(sizes)} gradients, "
+              f"bucket_cap_mb={cap}: {len(want)} bucket(s))")
