@@ -19,7 +19,7 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
-from utils.course import _project_kernel_manager
+from utils.course import project_kernel_manager
 
 OUTPUT_CAP = 2 << 20  # bytes of outputs kept per notebook
 
@@ -72,7 +72,7 @@ def _error_message(cell, error) -> str:
 def main(argv=None) -> None:
     source, target, status_file, cell_timeout = (argv or sys.argv[1:])[:4]
     nb = nbformat.read(source, as_version=4)
-    client = CappedClient(nb, km=_project_kernel_manager(), timeout=int(cell_timeout), allow_errors=True,
+    client = CappedClient(nb, km=project_kernel_manager(), timeout=int(cell_timeout), allow_errors=True,
                           resources={"metadata": {"path": "."}})
     status = {"completed": False, "error": None}
     try:

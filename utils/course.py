@@ -26,7 +26,7 @@ import nbformat
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
-def _project_kernel_manager():
+def project_kernel_manager():
     """A kernel manager that always starts this interpreter's kernel.
 
     A kernelspec named ``python3`` in the user's Jupyter folders would otherwise win over
@@ -68,7 +68,7 @@ def execute(path: Path, *, quick: bool | None = None, cell_timeout: int = 900,
         # The kernel inherits this process's environment.
         os.environ["COURSE_QUICK"] = "1" if quick else "0"
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, km=_project_kernel_manager(), timeout=cell_timeout, allow_errors=allow_errors,
+    client = NotebookClient(nb, km=project_kernel_manager(), timeout=cell_timeout, allow_errors=allow_errors,
                             resources={"metadata": {"path": str(path.parent.resolve())}})
     try:
         # A kernel manager passed in is not the client's own, so ask it to shut the kernel down (and

@@ -68,6 +68,15 @@ def expect(condition: bool, message: str) -> None:
         raise Incorrect(message)
 
 
+def hint_for(hints: dict[str, str]):
+    """A lab module's ``hint(name)``: prints the step-by-step hint of exercise ``name`` (e.g. ``"3.2"``)."""
+    def hint(name: str) -> None:
+        """Print the step-by-step hint of exercise ``name`` (e.g. ``"1.3"``)."""
+        show_hint(hints, name)
+
+    return hint
+
+
 def show_hint(hints: dict[str, str], name: str) -> None:
     """Print the step-by-step hint of exercise ``name`` from a lab's ``HINTS``.
 

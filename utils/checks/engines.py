@@ -3,7 +3,16 @@
 A check ships the learner's function (or class) to the engines (ipyparallel sends what the
 notebook defines by value; the names it uses are looked up in the engines' namespace), runs one
 case at a time on every rank, and reports in the notebook which rank, which case and what went
-wrong. Used by the checks of labs 03 to 05.
+wrong. Used by the checks of labs 03, 04, 05 and 08. The harness they import:
+
+- ``prepare(workers, fn, name)``: ship ``fn`` and what it uses to the engines, or say what is missing;
+- ``run_case(workers, name, job, fn, args, case, hint)``: run ``job(fn, *args)`` on every rank, on the
+  check's own group; return each rank's result or raise the check's message naming rank and case;
+  ``run_cases`` does a list of them;
+- ``Wrong(message)``: raised by a job on a rank to fail the case with ``message``;
+- ``spy(recv_dtype)``: count the learner's torch.distributed calls (``POINT_TO_POINT`` names the
+  point-to-point ones) and route them to ``check_group``, the group ``renew_group`` makes;
+- ``globals_used(fn)``: the notebook names a function reads, to ship them with it.
 
 What gloo does when messages do not match (measured with torch 2.14): a blocking send waits
 until the matching receive is posted; a rank left waiting raises "Timed out waiting ..." after
@@ -42,17 +51,17 @@ _COMMUNICATION = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "broadc
                   "reduce_scatter_tensor", "reduce_scatter_single", "all_gather_single", "gather_single",
                   "all_to_all", "all_to_all_single", "barrier")
 _TIMED_OUT = "Timed out waiting"  # gloo's message when a rank waited longer than its group's timeout
-_check_group = None  # on an engine: the process group the current check runs the learner's calls on
-_POINT_TO_POINT = {"send", "recv", "isend", "irecv", "batch_isend_irecv"}
+check_group = None  # on an engine: the process group the current check runs the learner's calls on
+POINT_TO_POINT = {"send", "recv", "isend", "irecv", "batch_isend_irecv"}
 
 
-class _Wrong(Exception):
+class Wrong(Exception):
     """Raised on an engine when a case gives a wrong answer; the message names the rank."""
 
 
 # --- on the engines ------------------------------------------------------------------------
 
-def _renew_group(old, timeout_s: float):
+def renew_group(old, timeout_s: float):
     """On every engine: destroy ``old`` (if any) and return a new process group of all ranks."""
     import torch.distributed as dist
 
@@ -66,14 +75,14 @@ def _renew_group(old, timeout_s: float):
 
 def _fresh_group(timeout_s: float) -> bool:
     """On every engine: a new process group of all ranks, for the next check's calls."""
-    global _check_group
-    old, _check_group = _check_group, None
-    _check_group = _renew_group(old, timeout_s)
+    global check_group
+    old, check_group = check_group, None
+    check_group = renew_group(old, timeout_s)
     return True
 
 
 @contextmanager
-def _spy(recv_dtype: torch.dtype | None = None):
+def spy(recv_dtype: torch.dtype | None = None):
     """Inside the block, on this rank: torch.distributed calls that name no group run on the
     check's own group, and are counted (with the elements sent, and ``"NAME async"`` for calls
     with ``async_op=True``).
@@ -90,14 +99,14 @@ def _spy(recv_dtype: torch.dtype | None = None):
     def wrap(name, original):
         signature = inspect.signature(original)
 
-        def spy(*args, **kwargs):
+        def counting(*args, **kwargs):
             calls[name] = calls.get(name, 0) + 1
             bound = signature.bind_partial(*args, **kwargs)
             if bound.arguments.get("async_op"):
                 calls[f"{name} async"] = calls.get(f"{name} async", 0) + 1
             if "group" in signature.parameters and bound.arguments.get("group") is None \
-                    and _check_group is not None:
-                bound.arguments["group"] = _check_group
+                    and check_group is not None:
+                bound.arguments["group"] = check_group
             tensor = args[0] if args else kwargs.get("tensor")
             if name in ("send", "isend") and isinstance(tensor, torch.Tensor):
                 calls["elements_sent"] += tensor.numel()
@@ -108,15 +117,15 @@ def _spy(recv_dtype: torch.dtype | None = None):
                                 f"bytes: a larger message aborts the receiving process, one of another dtype "
                                 f"arrives as garbage)")
             return original(*bound.args, **bound.kwargs)
-        spy.__name__ = name  # P2POp's repr reads op.__name__
-        return spy
+        counting.__name__ = name  # P2POp's repr reads op.__name__
+        return counting
 
     spies = {name: wrap(name, original) for name, original in saved.items()}
     try:
-        for name, spy in spies.items():
-            setattr(dist, name, spy)
+        for name, counting in spies.items():
+            setattr(dist, name, counting)
             if getattr(c10d, name, None) is saved[name]:
-                setattr(c10d, name, spy)  # internal calls, and P2POp(dist.isend, ...)'s own check
+                setattr(c10d, name, counting)  # internal calls, and P2POp(dist.isend, ...)'s own check
         yield calls
     finally:
         for name, original in saved.items():
@@ -154,7 +163,7 @@ def _on_rank(job, learner_fn, *args):
         if isinstance(learner_fn, _ByValue):
             learner_fn = learner_fn.load()
         result = job(learner_fn, *args)
-    except _Wrong as wrong:
+    except Wrong as wrong:
         return ("wrong", str(wrong))
     except BaseException as error:  # the learner's code may raise anything; report it in the notebook
         return ("error", type(error).__name__, str(error), _learner_traceback(error))
@@ -172,7 +181,7 @@ def _ping():
 
 # --- in the notebook -----------------------------------------------------------------------
 
-def _globals_used(fn, seen=None) -> dict:
+def globals_used(fn, seen=None) -> dict:
     """Functions, classes and modules from the notebook that ``fn`` (a function or a class)
     refers to, recursively, by name."""
     seen = {} if seen is None else seen
@@ -193,11 +202,11 @@ def _globals_used(fn, seen=None) -> dict:
                 continue  # a library class travels by reference, through its module
             seen[name] = value
             if not isinstance(value, types.ModuleType) and value.__module__ == "__main__":
-                _globals_used(value, seen)
+                globals_used(value, seen)
     return seen
 
 
-def _prepare(workers, fn, name: str) -> None:
+def prepare(workers, fn, name: str) -> None:
     """The engines are alive, their process group works, they know what ``fn`` uses, and the
     check has a fresh process group of its own."""
     if workers is None or not hasattr(workers, "view"):
@@ -220,7 +229,7 @@ def _prepare(workers, fn, name: str) -> None:
     except Exception as error:
         expect(False, f"{name}: the cluster's process group no longer works ({getattr(error, 'evalue', error)}); "
                       f"after a timeout gloo closes its connections for good. {_RESTART}")
-    used = _globals_used(fn)
+    used = globals_used(fn)
     code = ["import torch", "import torch.distributed as dist", "from utils.collectives import chunk_bounds"]
     code += [f"import {v.__name__} as {alias}" for alias, v in used.items() if isinstance(v, types.ModuleType)]
     workers.view.execute("\n".join(code), block=False).wait(10)
@@ -241,7 +250,7 @@ def _group_timeout(workers) -> float:
     return min(float(workers.timeout), GROUP_TIMEOUT)
 
 
-def _run_case(workers, name: str, job, fn, args: tuple, case: str, hint: str = "") -> list:
+def run_case(workers, name: str, job, fn, args: tuple, case: str, hint: str = "") -> list:
     """Run ``_on_rank(job, fn, *args)`` on every rank; raise in the notebook if any rank failed,
     else return what the job returned on each rank, in rank order."""
     waited_s = _group_timeout(workers)
@@ -319,9 +328,9 @@ def _run_case(workers, name: str, job, fn, args: tuple, case: str, hint: str = "
     return [outcome[1] for outcome in outcomes]
 
 
-def _run_cases(workers, name, job, fn, cases, hint_for):
+def run_cases(workers, name, job, fn, cases, hint_for):
     """Run each case; ``hint_for(case, earlier_passed)`` adds advice when a case fails."""
     passed = []
     for args, label in cases:
-        _run_case(workers, name, job, fn, args, label, hint_for(args, passed))
+        run_case(workers, name, job, fn, args, label, hint_for(args, passed))
         passed.append(args)

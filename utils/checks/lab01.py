@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import exercise, expect, show_hint
+from . import exercise, expect, hint_for
 from ..models import MLP, mlp_layer_shapes
 
 HINTS = {
@@ -43,9 +43,7 @@ HINTS = {
 }
 
 
-def hint(name: str) -> None:
-    """Print the step-by-step hint of exercise ``name`` (e.g. ``"1.3"``)."""
-    show_hint(HINTS, name)
+hint = hint_for(HINTS)  # lab01.hint("1.1") prints that exercise's step-by-step hint
 
 
 # --- 1.1 build the layers ---------------------------------------------------------------------------

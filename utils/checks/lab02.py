@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from . import ExerciseError, Incorrect, exercise, expect, show_hint
+from . import ExerciseError, Incorrect, exercise, expect, hint_for
 from ..models import MLP
 from ..perf import best_ms
 
@@ -39,9 +39,7 @@ then start.elapsed_time(end) / repeats.)""",
 }
 
 
-def hint(name: str) -> None:
-    """Print the step-by-step hint of exercise ``name`` (``"2.1"`` or ``"2.2"``)."""
-    show_hint(HINTS, name)
+hint = hint_for(HINTS)  # lab02.hint("2.1") prints that exercise's step-by-step hint
 
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
 # Tensor methods that copy a value to the host (and so wait for the device on a GPU).

@@ -18,9 +18,9 @@ from contextlib import contextmanager
 
 import torch
 
-from . import Incorrect, exercise, expect, show_hint
+from . import Incorrect, exercise, expect, hint_for
 from ..collectives import chunk_bounds
-from .engines import _POINT_TO_POINT, _Wrong, _prepare, _run_case, _spy
+from .engines import POINT_TO_POINT, Wrong, prepare, run_case, spy
 
 HINTS = {
     "3.1": """Step by step (every rank runs the same function; only rank 0 has A and B):
@@ -52,9 +52,7 @@ HINTS = {
 }
 
 
-def hint(name: str) -> None:
-    """Print the step-by-step hint of exercise ``name`` (e.g. ``"3.1"``)."""
-    show_hint(HINTS, name)
+hint = hint_for(HINTS)  # lab03.hint("3.1") prints that exercise's step-by-step hint
 
 
 # --- on the engines ------------------------------------------------------------------------
@@ -126,16 +124,16 @@ def _traffic(rank: int):
     """Inside the block, on this rank: record the elements this rank receives and sends, the ranks it
     sends to and receives from, and, before each collective runs, compare it across ranks: every rank must
     call the same collective with a tensor of the same size and dtype, else every rank raises the
-    same clear _Wrong (gloo would deliver garbage, abort an engine or wait for ever).
+    same clear Wrong (gloo would deliver garbage, abort an engine or wait for ever).
 
-    Enter it before ``engines._spy``: the spy then adds the check's group to each call, and this
+    Enter it before ``engines.spy``: the spy then adds the check's group to each call, and this
     wrapper sees it."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
     log = {"received": 0, "sent": 0, "sent_to": set(), "received_from": set()}
     depth = [0]
-    watched = set(_COLLECTIVES) | _POINT_TO_POINT - {"batch_isend_irecv"}
+    watched = set(_COLLECTIVES) | POINT_TO_POINT - {"batch_isend_irecv"}
     saved = {name: getattr(dist, name) for name in watched if hasattr(dist, name)}
     gather = saved.get("all_gather")
 
@@ -160,18 +158,18 @@ def _traffic(rank: int):
         names = {r: next(n for n, c in _COLLECTIVE_CODES.items() if c == row[0]) for r, row in enumerate(rows)}
         if len(set(names.values())) > 1:
             calls = ", ".join(f"rank {r} dist.{n}" for r, n in names.items())
-            raise _Wrong(f"the ranks called different collectives at the same point ({calls}): every rank must "
+            raise Wrong(f"the ranks called different collectives at the same point ({calls}): every rank must "
                          f"call the same collectives in the same order")
         if argument and len({(row[1], row[2]) for row in rows}) > 1:
             shown = "; ".join(f"rank {r}: {_describe(row[2], row[1])}" for r, row in enumerate(rows))
             dtypes = {row[2] for row in rows}
             why = (" (torch.tensor([n, k, m]) is int64, torch.zeros(3) float32: give the tensor one dtype on "
                    "every rank, e.g. dtype=torch.int64)" if len(dtypes) > 1 else "")
-            raise _Wrong(f"dist.{name} was given tensors that differ between ranks ({shown}): every rank must "
+            raise Wrong(f"dist.{name} was given tensors that differ between ranks ({shown}): every rank must "
                          f"pass a tensor of the same size and dtype{why}; gloo moves raw bytes, so a mismatch "
                          f"arrives as garbage or aborts the receiving engine")
         if not all(row[3] for row in rows):
-            raise _Wrong(f"dist.scatter's list on the source rank must hold {p} tensors, each of the size and "
+            raise Wrong(f"dist.scatter's list on the source rank must hold {p} tensors, each of the size and "
                          f"dtype of the tensor every rank receives into: pad the rows so the chunks are equal")
 
     def received(name, bound):
@@ -274,39 +272,39 @@ def _rows_job(matmul_by_rows, n, k, m, seed):
     rank, p = dist.get_rank(), dist.get_world_size()
     A, B = _matrices(n, k, m, seed)
     # recv_dtype None: the shape may travel by send / recv as int64 while the matrices are float32
-    with _traffic(rank) as log, _spy(None) as calls, _count_products() as work:
+    with _traffic(rank) as log, spy(None) as calls, _count_products() as work:
         out = matmul_by_rows(A.clone(), B.clone()) if rank == 0 else matmul_by_rows(None, None)
     case = f"A of shape ({n}, {k}) @ B of shape ({k}, {m}) on {p} ranks"
     if sum(v for name, v in calls.items() if name != "elements_sent") == 0:
-        raise _Wrong(f"rank {rank} made no torch.distributed call for {case}: broadcast B, scatter the rows "
+        raise Wrong(f"rank {rank} made no torch.distributed call for {case}: broadcast B, scatter the rows "
                      f"of A, gather the results (every rank takes part)")
     if rank != 0 and out is not None:
-        raise _Wrong(f"rank {rank} returned a {type(out).__name__} for {case}: only rank 0 holds the product; "
+        raise Wrong(f"rank {rank} returned a {type(out).__name__} for {case}: only rank 0 holds the product; "
                      f"return None on the other ranks")
     if rank == 0:
         expected = A @ B
         if out is None:
-            raise _Wrong(f"rank 0 returned None for {case}: return the gathered product A @ B on rank 0")
+            raise Wrong(f"rank 0 returned None for {case}: return the gathered product A @ B on rank 0")
         if not isinstance(out, torch.Tensor):
-            raise _Wrong(f"rank 0 returned a {type(out).__name__} for {case}; return a tensor")
+            raise Wrong(f"rank 0 returned a {type(out).__name__} for {case}; return a tensor")
         if tuple(out.shape) != (n, m):
             extra = (f": the {out.shape[0] - n} padding row(s) must be cut off (result[:{n}])"
                      if out.dim() == 2 and out.shape[0] > n and out.shape[1] == m else "")
-            raise _Wrong(f"rank 0 returned shape {tuple(out.shape)} for {case}, expected ({n}, {m}){extra}")
+            raise Wrong(f"rank 0 returned shape {tuple(out.shape)} for {case}, expected ({n}, {m}){extra}")
         if out.dtype != torch.float32:
-            raise _Wrong(f"rank 0 returned a {out.dtype} product for {case}: A and B are float32, keep float32")
+            raise Wrong(f"rank 0 returned a {out.dtype} product for {case}: A and B are float32, keep float32")
         out = out.detach().cpu()
         if not _close(out, expected).all():
-            raise _Wrong(f"rank 0 got a wrong A @ B for {case}: {_first_wrong(out, expected)}")
+            raise Wrong(f"rank 0 got a wrong A @ B for {case}: {_first_wrong(out, expected)}")
     share = -(-n // p)
     if work["multiply_adds"] > share * k * m:
         rows = work["multiply_adds"] // max(k * m, 1)
-        raise _Wrong(f"rank {rank} multiplied {rows} rows of A by B for {case} ({work['multiply_adds']} "
+        raise Wrong(f"rank {rank} multiplied {rows} rows of A by B for {case} ({work['multiply_adds']} "
                      f"multiply-adds); its share is ceil({n}/{p}) = {share} rows: each rank multiplies only the "
                      f"rows it was sent" + (", rank 0 included (not all of A @ B)" if rank == 0 else ""))
     allowed = k * m + share * k + 16  # B, my rows of A, the shapes and a few more numbers
     if rank != 0 and log["received"] > allowed:
-        raise _Wrong(f"rank {rank} received {log['received']} elements for {case}, more than B ({k * m}) and its "
+        raise Wrong(f"rank {rank} received {log['received']} elements for {case}, more than B ({k * m}) and its "
                      f"{share} rows of A ({share * k}): send each rank only its rows (dist.scatter), not the whole "
                      f"of A, and gather the results on rank 0 only (dist.gather, not all_gather)")
     return work["multiply_adds"], log["received"]
@@ -317,28 +315,28 @@ def _reduction_job(matmul_by_reduction, n, k, m, seed):
 
     rank, p = dist.get_rank(), dist.get_world_size()
     A, B = _matrices(n, k, m, seed)
-    with _traffic(rank), _spy(torch.float32) as calls, _count_products() as work:
+    with _traffic(rank), spy(torch.float32) as calls, _count_products() as work:
         out = matmul_by_reduction(A.clone(), B.clone())
     case = f"A of shape ({n}, {k}) @ B of shape ({k}, {m}) on {p} ranks"
     expected = A @ B
     if out is None or not isinstance(out, torch.Tensor):
-        raise _Wrong(f"rank {rank} returned {type(out).__name__} for {case}: every rank returns A @ B")
+        raise Wrong(f"rank {rank} returned {type(out).__name__} for {case}: every rank returns A @ B")
     if tuple(out.shape) != (n, m):
-        raise _Wrong(f"rank {rank} returned shape {tuple(out.shape)} for {case}, expected ({n}, {m})")
+        raise Wrong(f"rank {rank} returned shape {tuple(out.shape)} for {case}, expected ({n}, {m})")
     start, stop = chunk_bounds(k, p)[rank]
     width = -(-k // p)
     if work["multiply_adds"] > n * width * m:
         columns = work["multiply_adds"] // max(n * m, 1)
-        raise _Wrong(f"rank {rank} multiplied {columns} of the {k} inner columns for {case} "
+        raise Wrong(f"rank {rank} multiplied {columns} of the {k} inner columns for {case} "
                      f"({work['multiply_adds']} multiply-adds); its share is chunk_bounds({k}, {p})[{rank}] = "
                      f"({start}, {stop}): multiply only A[:, {start}:{stop}] @ B[{start}:{stop}] and let the "
                      f"all-reduce add the other ranks' partial products")
     if out.dtype != torch.float32:
-        raise _Wrong(f"rank {rank} returned a {out.dtype} product for {case}: A and B are float32, keep float32")
+        raise Wrong(f"rank {rank} returned a {out.dtype} product for {case}: A and B are float32, keep float32")
     out = out.detach().cpu()
     if _close(out, expected).all():
         if sum(v for name, v in calls.items() if name != "elements_sent") == 0:
-            raise _Wrong(f"rank {rank} computed all of A @ B itself for {case}: multiply only its slice of the "
+            raise Wrong(f"rank {rank} computed all of A @ B itself for {case}: multiply only its slice of the "
                          f"inner dimension and all_reduce the partial products")
         return work["multiply_adds"], 0
     hints = []
@@ -360,7 +358,7 @@ def _reduction_job(matmul_by_reduction, n, k, m, seed):
         if k % p and torch.allclose(out, dropped, atol=1e-4):
             hints.append(f"the inner size {k} does not divide by {p} ranks, and {k} // {p} = {floor} columns "
                          f"per rank drop the last {k % p}: use chunk_bounds({k}, world_size)[rank]")
-    raise _Wrong(f"rank {rank} got a wrong product for {case}: {_first_wrong(out, expected)}"
+    raise Wrong(f"rank {rank} got a wrong product for {case}: {_first_wrong(out, expected)}"
                  + (f"; {hints[0]}" if hints else ""))
 
 
@@ -382,28 +380,28 @@ def _ring_job(ring_all_reduce, shape, dtype_name, seed):
     expected = x.clone()
     dist.all_reduce(expected)  # the built-in all-reduce is the reference
     tensor = x.clone()
-    with _traffic(rank) as log, _spy(dtype) as calls:
+    with _traffic(rank) as log, spy(dtype) as calls:
         returned = ring_all_reduce(tensor)
     article = "an" if dtype_name[0] in "aeiou" else "a"
     case = f"{article} {dtype_name} tensor of shape {tuple(shape)} ({numel} elements) on {p} ranks"
-    collectives = sorted(name for name in calls if name not in _POINT_TO_POINT and name != "elements_sent"
+    collectives = sorted(name for name in calls if name not in POINT_TO_POINT and name != "elements_sent"
                          and not name.endswith(" async"))
     if collectives:
-        raise _Wrong(f"rank {rank} called dist.{', dist.'.join(collectives)} for {case}: build the ring from "
+        raise Wrong(f"rank {rank} called dist.{', dist.'.join(collectives)} for {case}: build the ring from "
                      f"point-to-point messages only (dist.isend / dist.irecv, or send / recv)")
     right, left = (rank + 1) % p, (rank - 1) % p
     strangers = sorted(log["sent_to"] - {right}) + sorted(log["received_from"] - {left})
     if strangers:
-        raise _Wrong(f"rank {rank} sent to rank(s) {sorted(log['sent_to'])} and received from rank(s) "
+        raise Wrong(f"rank {rank} sent to rank(s) {sorted(log['sent_to'])} and received from rank(s) "
                      f"{sorted(log['received_from'])} for {case}: in a ring each rank sends only to its right "
                      f"neighbour, (rank + 1) % p = {right}, and receives only from its left one, "
                      f"(rank - 1) % p = {left}")
     if not torch.equal(tensor, expected):
         if isinstance(returned, torch.Tensor) and returned is not tensor and torch.equal(returned, expected):
-            raise _Wrong(f"rank {rank} returned the right sum for {case} but left `tensor` unchanged: sum in "
+            raise Wrong(f"rank {rank} returned the right sum for {case} but left `tensor` unchanged: sum in "
                          f"place, like dist.all_reduce (work on flat = tensor.view(-1), a view of it)")
         if torch.equal(tensor, x):
-            raise _Wrong(f"rank {rank}'s tensor is unchanged after your ring for {case}: the sum must be "
+            raise Wrong(f"rank {rank}'s tensor is unchanged after your ring for {case}: the sum must be "
                          f"written into `tensor` itself (flat = tensor.view(-1) is a view: writing into flat "
                          f"writes into tensor)")
         flat, want = tensor.reshape(-1), expected.reshape(-1)
@@ -420,10 +418,10 @@ def _ring_job(ring_all_reduce, shape, dtype_name, seed):
             message += (f". Only chunk {complete[0]} holds the full sum: that is where the reduce-scatter "
                         f"phase ends; the all-gather phase (p-1 more steps that pass the finished chunks "
                         f"on and copy them) is missing or wrong")
-        raise _Wrong(message)
+        raise Wrong(message)
     largest = -(-numel // p)
     if numel and log["sent"] > 2 * (p - 1) * largest:
-        raise _Wrong(f"rank {rank} sent {log['sent']} elements for {case}; a bandwidth-optimal ring "
+        raise Wrong(f"rank {rank} sent {log['sent']} elements for {case}; a bandwidth-optimal ring "
                      f"sends 2(p-1) chunks of about n/p elements, {2 * (p - 1) * largest} at most: send one "
                      f"chunk per step, not the whole tensor")
     return log["sent"]
@@ -450,7 +448,7 @@ def check_matmul_by_rows(workers, matmul_by_rows) -> None:
     """Exercise 3.1: ``matmul_by_rows(A, B)``: rows of A scattered, B broadcast, rows gathered on rank 0."""
     name = "Exercise 3.1 (matmul by rows)"
     with exercise(name), _pointing_to_hint("3.1"):
-        _prepare(workers, matmul_by_rows, name)
+        prepare(workers, matmul_by_rows, name)
         p = workers.n
         shapes = [(2 * p, 3, 4), (7, 5, 3), (2 * p + 1, 3, 3), (1, 4, 2), (5, 1, 6), (3 * p - 1, 6, 5)]
         for i, (n, k, m) in enumerate(shapes):
@@ -458,7 +456,7 @@ def check_matmul_by_rows(workers, matmul_by_rows) -> None:
             hint = (f" ({n} rows on {p} ranks: sizes that do not divide by the world size need uneven chunks: pad A "
                     f"to {p} * ceil({n}/{p}) rows for scatter and cut the padding off the result, or send each rank "
                     f"its chunk_bounds({n}, {p}) rows)" if n % p else "")
-            per_rank = _run_case(workers, name, _rows_job, matmul_by_rows, (n, k, m, 10 + i), label, hint)
+            per_rank = run_case(workers, name, _rows_job, matmul_by_rows, (n, k, m, 10 + i), label, hint)
             done = sum(work for work, _ in per_rank)
             expect(done >= n * k * m,
                    f"{name}: for {label} on {p} ranks the ranks did {done} multiply-adds together, fewer than the "
@@ -475,14 +473,14 @@ def check_matmul_by_reduction(workers, matmul_by_reduction) -> None:
     """Exercise 3.2: ``matmul_by_reduction(A, B)``: inner dimension split, partial products all-reduced."""
     name = "Exercise 3.2 (matmul by reduction)"
     with exercise(name), _pointing_to_hint("3.2"):
-        _prepare(workers, matmul_by_reduction, name)
+        prepare(workers, matmul_by_reduction, name)
         p = workers.n
         shapes = [(4, 2 * p, 3), (7, 5, 3), (6, 2 * p + 1, 5), (2, p - 1, 4), (3, 1, 2), (5, 3 * p + 2, 4)]
         for i, (n, k, m) in enumerate(shapes):
             label = f"A ({n}, {k}) @ B ({k}, {m})"
             hint = (f" (inner size {k} on {p} ranks: use chunk_bounds, some slices are shorter"
                     f"{', some empty' if k < p else ''})" if k % p else "")
-            per_rank = _run_case(workers, name, _reduction_job, matmul_by_reduction, (n, k, m, 20 + i), label, hint)
+            per_rank = run_case(workers, name, _reduction_job, matmul_by_reduction, (n, k, m, 20 + i), label, hint)
             done = sum(work for work, _ in per_rank)
             expect(done >= n * k * m,
                    f"{name}: for {label} on {p} ranks the ranks did {done} multiply-adds together, fewer than the "
@@ -495,7 +493,7 @@ def check_ring_all_reduce(workers, ring_all_reduce) -> None:
     """Exercise 3.3: ``ring_all_reduce(tensor)``: in-place sum by reduce-scatter + all-gather over a ring."""
     name = "Exercise 3.3 (ring all-reduce)"
     with exercise(name), _pointing_to_hint("3.3"):
-        _prepare(workers, ring_all_reduce, name)
+        prepare(workers, ring_all_reduce, name)
         p = workers.n
         shapes = [((3 * p,), "float32"), ((1000 * p,), "float32"), ((7,), "float32"), ((2 * p + 1,), "float64"),
                   ((1,), "float32"), ((p - 1,), "float32"), ((3, 5), "float32"), ((p + 3,), "int64")]
@@ -512,7 +510,7 @@ def check_ring_all_reduce(workers, ring_all_reduce) -> None:
                              "on whether such a message is sent")
             if len(shape) > 1:
                 hints.append("a 2-D tensor: work on flat = tensor.view(-1)")
-            _run_case(workers, name, _ring_job, ring_all_reduce, (shape, dtype, 30 + seed), label,
+            run_case(workers, name, _ring_job, ring_all_reduce, (shape, dtype, 30 + seed), label,
                       f" ({'; '.join(hints)})" if hints else "")
             passed.append(shape)
     print(f"  checked against dist.all_reduce on {p} ranks, messages to the right neighbour only, at most "

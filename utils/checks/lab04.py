@@ -23,8 +23,8 @@ import time
 
 import torch
 
-from . import exercise, expect, show_hint
-from .engines import _Wrong, _prepare, _renew_group, _run_cases, _spy
+from . import exercise, expect, hint_for
+from .engines import Wrong, prepare, renew_group, run_cases, spy
 
 HINTS = {
     "4.1": """Step by step:
@@ -66,9 +66,7 @@ load_checkpoint(ddp_model, optimizer, path):
 }
 
 
-def hint(name: str) -> None:
-    """Print the step-by-step hint of exercise ``name`` (e.g. ``"4.2"``)."""
-    show_hint(HINTS, name)
+hint = hint_for(HINTS)  # lab04.hint("4.1") prints that exercise's step-by-step hint
 
 
 @contextlib.contextmanager
@@ -101,14 +99,14 @@ def _fresh_verify_group(timeout_s: float) -> bool:
     calls run on, so that a learner who skips a collective cannot pair it with one of the check's."""
     global _verify_group
     old, _verify_group = _verify_group, None
-    _verify_group = _renew_group(old, timeout_s)
+    _verify_group = renew_group(old, timeout_s)
     return True
 
 
 def _prepare_all(workers, functions, name: str) -> None:
     """lab 03's preparation for each learner function, plus the check's own process group."""
     for fn in functions:
-        _prepare(workers, fn, name)
+        prepare(workers, fn, name)
     timeout = min(float(workers.timeout), GROUP_TIMEOUT)
     ready = workers.view.apply_async(_fresh_verify_group, timeout)
     if not ready.wait(timeout + 10):
@@ -131,11 +129,11 @@ def _as_index_list(value, who: str) -> list[int]:
     if isinstance(value, torch.Tensor):
         value = value.flatten().tolist()
     if not isinstance(value, (list, tuple, range)):
-        raise _Wrong(f"{who} returned {type(value).__name__}; return a list of sample indices (ints)")
+        raise Wrong(f"{who} returned {type(value).__name__}; return a list of sample indices (ints)")
     try:
         return [int(i) for i in value]
     except (TypeError, ValueError):
-        raise _Wrong(f"{who} returned a list whose items are not whole numbers; return the sample indices") from None
+        raise Wrong(f"{who} returned a list whose items are not whole numbers; return the sample indices") from None
 
 
 def _diagnose_shard(got: list[int], n: int, rank: int, p: int, epoch: int, seed: int, drop_last: bool) -> str:
@@ -185,21 +183,21 @@ def _shard_job(shard_indices, n, epoch, seed, drop_last, extra_world_sizes):
         with _calls_into("torch/utils/data/distributed.py") as library:
             answer = shard_indices(n, r, q, epoch, seed=seed, drop_last=drop_last)
         if library:
-            raise _Wrong(f"on rank {rank}, {who} used DistributedSampler itself ({library[0]}): the exercise is "
+            raise Wrong(f"on rank {rank}, {who} used DistributedSampler itself ({library[0]}): the exercise is "
                          f"to compute its indices yourself, with torch.randperm and list slicing; the check "
                          f"compares your list with DistributedSampler's")
         if not torch.equal(torch.random.get_rng_state(), rng_before):
-            raise _Wrong(f"on rank {rank}, {who} changed torch's global random generator (torch.manual_seed, or "
+            raise Wrong(f"on rank {rank}, {who} changed torch's global random generator (torch.manual_seed, or "
                          f"torch.randperm without generator=): in training that would change the model's "
                          f"initialisation, dropout and everything else drawn after it. Draw the permutation "
                          f"from a generator of your own: torch.Generator().manual_seed(seed + epoch)")
         got = _as_index_list(answer, who)
         if got != _sampler_indices(n, r, q, epoch, seed, drop_last):
-            raise _Wrong(f"on rank {rank}, {who}: {_diagnose_shard(got, n, r, q, epoch, seed, drop_last)}")
+            raise Wrong(f"on rank {rank}, {who}: {_diagnose_shard(got, n, r, q, epoch, seed, drop_last)}")
 
 
-def _run_case(workers, name, job, fn, args, case):
-    _run_cases(workers, name, job, fn, [(args, case)], lambda args, passed: "")
+def run_case(workers, name, job, fn, args, case):
+    run_cases(workers, name, job, fn, [(args, case)], lambda args, passed: "")
 
 
 def check_shard(workers, shard_indices) -> None:
@@ -212,7 +210,7 @@ def check_shard(workers, shard_indices) -> None:
         cases = [(4 * p, 0, 0, False), (4 * p, 1, 0, False), (4 * p + 1, 2, 7, False), (4 * p + 1, 3, 0, True),
                  (p - 1 or 1, 0, 0, False), (3 * p + 2, 5, 1, True)]
         for n, epoch, seed, drop_last in cases:
-            _run_case(workers, name, _shard_job, shard_indices, (n, epoch, seed, drop_last, (3, 5)),
+            run_case(workers, name, _shard_job, shard_indices, (n, epoch, seed, drop_last, (3, 5)),
                       f"n={n}, epoch={epoch}, seed={seed}, drop_last={drop_last}")
     print(f"  checked against DistributedSampler on {p} ranks (and world sizes 3, 5 on rank 0): "
           f"{len(cases)} cases, n from {min(c[0] for c in cases)} to {max(c[0] for c in cases)}, "
@@ -288,7 +286,7 @@ def _replicas_job(replicas_equal, case):
             else:
                 flat[i] += 0.01 if tensor.dtype.is_floating_point else 1
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with _spy(), _calls_into("utils/replicas.py") as library:
+    with spy(), _calls_into("utils/replicas.py") as library:
         answer = replicas_equal(model)
     problem = None
     if isinstance(answer, torch.Tensor) and answer.numel() == 1:
@@ -307,7 +305,7 @@ def _replicas_job(replicas_equal, case):
     answers = [torch.zeros(2) for _ in range(p)]
     dist.all_gather(answers, torch.tensor([float(answer is True), float(problem is not None)]), group=group)
     if problem:
-        raise _Wrong(problem)
+        raise Wrong(problem)
     if any(a[1] for a in answers):
         return  # another rank reports its problem
     answers = [bool(a[0]) for a in answers]
@@ -315,15 +313,15 @@ def _replicas_job(replicas_equal, case):
     differences = replica_differences(model, group=group)
     assert all(d == 0 for d in differences.values()) == truth, differences  # the check's own premise
     if len(set(answers)) > 1:
-        raise _Wrong(f"the ranks disagree ({', '.join(f'rank {r}: {a}' for r, a in enumerate(answers))}) when rank "
+        raise Wrong(f"the ranks disagree ({', '.join(f'rank {r}: {a}' for r, a in enumerate(answers))}) when rank "
                      f"{changed_rank} changed {what}: every rank must see every rank's copy (dist.all_gather) and "
                      f"return the same answer")
     if answers[0] != truth:
         if truth:
-            raise _Wrong("every rank holds exactly the same model, yet your function returned False: it must not "
+            raise Wrong("every rank holds exactly the same model, yet your function returned False: it must not "
                          "cry wolf (compare each tensor with the other ranks' copies of the same tensor, "
                          "in the same order on every rank)")
-        raise _Wrong(f"rank {changed_rank} of {p} changed {what} ({target}), and your function returned True: "
+        raise Wrong(f"rank {changed_rank} of {p} changed {what} ({target}), and your function returned True: "
                      + (advice or "compare every parameter and buffer of every rank, with all_gather"))
 
 
@@ -335,7 +333,7 @@ def check_replicas_equal(workers, replicas_equal) -> None:
         _prepare_all(workers, [replicas_equal], name)
         for case in _PERTURBATIONS:
             where = "" if case == "equal" else f" on rank {_planted(case, workers.n)[0]}"
-            _run_case(workers, name, _replicas_job, replicas_equal, (case,), f"{case} differing{where}")
+            run_case(workers, name, _replicas_job, replicas_equal, (case,), f"{case} differing{where}")
     print(f"  checked on {workers.n} ranks: equal replicas, and one rank differing in {len(_PERTURBATIONS) - 1} "
           f"ways ({', '.join(list(_PERTURBATIONS)[1:])}), on ranks "
           f"{sorted({_planted(c, workers.n)[0] for c in list(_PERTURBATIONS)[1:]})}")
@@ -372,20 +370,20 @@ def _metric_job(global_mean, case):
     shares = [_METRIC_CASES[case](r, p) for r in range(p)]
     total, count = shares[rank]
     want = math.fsum(t for t, _ in shares) / sum(c for _, c in shares)
-    with _spy(), _calls_into("utils/replicas.py") as library:
+    with spy(), _calls_into("utils/replicas.py") as library:
         got = global_mean(total, count)
     where = f"rank {rank} (case: {case}; per-rank (total, count) = {shares})"
     if library:
-        raise _Wrong(f"{where} called utils.replicas ({library[0]}), the library version of this exercise: "
+        raise Wrong(f"{where} called utils.replicas ({library[0]}), the library version of this exercise: "
                      f"write the reduction yourself, with torch.distributed")
     if got is None:
-        raise _Wrong(f"{where} returned None: every rank returns the mean (use all_reduce, not reduce)")
+        raise Wrong(f"{where} returned None: every rank returns the mean (use all_reduce, not reduce)")
     if isinstance(got, torch.Tensor):
-        raise _Wrong(f"{where} returned a tensor; return a Python float (.item())")
+        raise Wrong(f"{where} returned a tensor; return a Python float (.item())")
     try:
         got = float(got)
     except (TypeError, ValueError):
-        raise _Wrong(f"{where} returned {type(got).__name__}; return a Python float") from None
+        raise Wrong(f"{where} returned {type(got).__name__}; return a Python float") from None
     if math.isclose(got, want, rel_tol=1e-9):
         return
     means = [t / c for t, c in shares if c]
@@ -401,12 +399,12 @@ def _metric_job(global_mean, case):
              (want * p, "world_size times the mean: all_reduce sums; divide the summed total by the summed count")]
     for value, hint in hints:
         if math.isclose(got, value, rel_tol=1e-6) and not math.isclose(value, want, rel_tol=1e-6):
-            raise _Wrong(f"{where} returned {got:.12g}, expected {want:.12g}: that is {hint}")
+            raise Wrong(f"{where} returned {got:.12g}, expected {want:.12g}: that is {hint}")
     if math.isclose(got, want, rel_tol=1e-2) or case in ("totals that nearly cancel", "counts above 2**24"):
-        raise _Wrong(f"{where} returned {got:.12g}, expected {want:.12g}: digits were lost, as float32 (about 7 "
+        raise Wrong(f"{where} returned {got:.12g}, expected {want:.12g}: digits were lost, as float32 (about 7 "
                      f"significant digits), float16 or bfloat16 lose them. Totals that nearly cancel, and counts "
                      f"above 2**24, need float64 all the way: the tensor you all-reduce, and the division")
-    raise _Wrong(f"{where} returned {got:.12g}, expected sum(totals) / sum(counts) = {want:.12g}")
+    raise Wrong(f"{where} returned {got:.12g}, expected sum(totals) / sum(counts) = {want:.12g}")
 
 
 def check_global_mean(workers, global_mean) -> None:
@@ -415,7 +413,7 @@ def check_global_mean(workers, global_mean) -> None:
     with exercise(name):
         _prepare_all(workers, [global_mean], name)
         for case in _METRIC_CASES:
-            _run_case(workers, name, _metric_job, global_mean, (case,), case)
+            run_case(workers, name, _metric_job, global_mean, (case,), case)
     print(f"  checked on {workers.n} ranks against sum(totals) / sum(counts), to 9 significant digits: "
           f"{', '.join(_METRIC_CASES)}")
     _warn_few_ranks(workers)
@@ -510,7 +508,7 @@ def _checkpoint_job(save_checkpoint, load_checkpoint, path, delay_s):
         torch.save({"model": _checkpoint_model().state_dict(), "optimizer": optimizer.state_dict()}, path)
     dist.barrier(group=group)
     failure = None
-    with _spy_checkpoint_io(delay_s, done_marker) as calls, _spy():
+    with _spy_checkpoint_io(delay_s, done_marker) as calls, spy():
         save_checkpoint(ddp_model, optimizer, path)
         try:
             load_checkpoint(ddp_model, optimizer, path)
@@ -524,7 +522,7 @@ def _checkpoint_job(save_checkpoint, load_checkpoint, path, delay_s):
     if early:
         what = (f" (its torch.load then failed: {type(failure).__name__})" if failure is not None
                 else " (it loaded the older checkpoint that was still there, or half of the new one)")
-        raise _Wrong(_EARLY.format(rank=rank, what=what))
+        raise Wrong(_EARLY.format(rank=rank, what=what))
     if failure is not None:
         raise failure
     if any(c[2] or c[3] for c in counts):
@@ -532,27 +530,27 @@ def _checkpoint_job(save_checkpoint, load_checkpoint, path, delay_s):
     dist.barrier(group=group)      # every rank is done with the file before rank 0's checks below
     saves = [int(c[0]) for c in counts]
     if saves[0] == 0:
-        raise _Wrong("rank 0 never called torch.save: rank 0 writes the checkpoint")
+        raise Wrong("rank 0 never called torch.save: rank 0 writes the checkpoint")
     if any(saves[1:]):
-        raise _Wrong(f"torch.save was called on ranks {[r for r, s in enumerate(saves) if s]}: save on rank 0 only "
+        raise Wrong(f"torch.save was called on ranks {[r for r, s in enumerate(saves) if s]}: save on rank 0 only "
                      f"(if dist.get_rank() == 0: ...). The replicas are identical, so one copy is enough, and "
                      f"several processes writing one file at once can leave it corrupt")
     if not os.path.exists(done_marker):  # the check's engines share one machine
-        raise _Wrong(f"rank 0 saved the checkpoint somewhere else than the path it was given ({path})")
+        raise Wrong(f"rank 0 saved the checkpoint somewhere else than the path it was given ({path})")
     state = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(state, dict) or "model" not in state or "optimizer" not in state:
         keys = sorted(state) if isinstance(state, dict) else type(state).__name__
-        raise _Wrong(f"the checkpoint should be a dict with keys 'model' and 'optimizer', got {keys}")
+        raise Wrong(f"the checkpoint should be a dict with keys 'model' and 'optimizer', got {keys}")
     model_keys = list(state["model"])
     if any(k.startswith("module.") for k in model_keys):
-        raise _Wrong("the saved model's keys start with 'module.' (DDP's wrapper): save ddp_model.module.state_dict(), "
+        raise Wrong("the saved model's keys start with 'module.' (DDP's wrapper): save ddp_model.module.state_dict(), "
                      "so that the checkpoint loads into a plain model too (evaluation, a torchrun script, "
                      "another world size), and load it into ddp_model.module")
     if sorted(model_keys) != sorted(saved_model):
-        raise _Wrong(f"the saved model has the keys {model_keys}, expected {sorted(saved_model)} "
+        raise Wrong(f"the saved model has the keys {model_keys}, expected {sorted(saved_model)} "
                      f"(ddp_model.module.state_dict())")
     if calls["no_map_location"]:
-        raise _Wrong(f"rank {rank} called torch.load without map_location (or with None): pass "
+        raise Wrong(f"rank {rank} called torch.load without map_location (or with None): pass "
                      f"map_location=device, or every rank's copy of a checkpoint saved from cuda:0 lands on GPU 0")
 
     # 2. every rank drifts away from the checkpoint, then loads it
@@ -560,7 +558,7 @@ def _checkpoint_job(save_checkpoint, load_checkpoint, path, delay_s):
         for q in ddp_model.parameters():
             q.add_(rank + 1.0)
     optimizer.state.clear()
-    with _spy_checkpoint_io(0.0, done_marker) as calls, _spy():
+    with _spy_checkpoint_io(0.0, done_marker) as calls, spy():
         load_checkpoint(ddp_model, optimizer, path)
     problem = None
     wrong = [k for k, v in ddp_model.module.state_dict().items() if not torch.equal(v.cpu(), saved_model[k])]
@@ -572,14 +570,14 @@ def _checkpoint_job(save_checkpoint, load_checkpoint, path, delay_s):
     flags = [torch.zeros(1) for _ in range(p)]
     dist.all_gather(flags, torch.tensor([float(problem is not None)]), group=group)
     if problem:
-        raise _Wrong(problem)
+        raise Wrong(problem)
     if any(f.item() for f in flags):
         return  # another rank reports it
     if any(d != 0 for d in replica_differences(ddp_model.module, group=group).values()):
-        raise _Wrong("after load_checkpoint the replicas differ: every rank must load the same checkpoint")
+        raise Wrong("after load_checkpoint the replicas differ: every rank must load the same checkpoint")
     momentum = [optimizer.state.get(q, {}).get("momentum_buffer") for q in ddp_model.parameters()]
     if any(m is None for m in momentum) or not all(torch.equal(m.cpu(), s) for m, s in zip(momentum, saved_momentum)):
-        raise _Wrong(f"after load_checkpoint rank {rank}'s optimizer lost its momentum buffers: save "
+        raise Wrong(f"after load_checkpoint rank {rank}'s optimizer lost its momentum buffers: save "
                      f"optimizer.state_dict() as 'optimizer' and restore it with optimizer.load_state_dict(...); "
                      f"without it, training resumes with a different update rule than it stopped with")
 
@@ -593,7 +591,7 @@ def check_checkpoint(workers, save_checkpoint, load_checkpoint, delay_s: float =
         folder = tempfile.mkdtemp(prefix="lab04-check-")
         try:
             path = os.path.join(folder, "checkpoint.pt")
-            _run_case(workers, name, _checkpoint_job, save_checkpoint, (load_checkpoint, path, delay_s),
+            run_case(workers, name, _checkpoint_job, save_checkpoint, (load_checkpoint, path, delay_s),
                       "a DDP model and an SGD optimizer with momentum, after 2 steps")
         finally:
             for entry in os.listdir(folder):

@@ -24,8 +24,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from . import ExerciseError, exercise, show_hint
-from .engines import _Wrong, _globals_used, _prepare, _run_case, _spy
+from . import ExerciseError, exercise, hint_for
+from .engines import Wrong, globals_used, prepare, run_case, spy
 from ..equivalence import AwkwardNet
 
 TOLERANCE = 1e-9      # float64: a correct wrapper differs from one process by rounding only
@@ -80,9 +80,7 @@ HINTS = {
 }
 
 
-def hint(name: str) -> None:
-    """Print the step-by-step hint of exercise ``name`` (e.g. ``"5.1"``)."""
-    show_hint(HINTS, name)
+hint = hint_for(HINTS)  # lab05.hint("5.1") prints that exercise's step-by-step hint
 
 
 class RareNet(nn.Module):
@@ -157,7 +155,7 @@ def _describe(row) -> str:
 
 def _announce(log, op: int, numel: int, dtype: torch.dtype | None, problem: int = 0) -> None:
     """Tell every rank which call this rank makes next (``problem``: 1 a tensor on another device than
-    the gradients, 2 of another dtype); raise _Wrong on every rank if any has a problem or they differ."""
+    the gradients, 2 of another dtype); raise Wrong on every rank if any has a problem or they differ."""
     import torch.distributed as dist
 
     from . import engines
@@ -165,23 +163,23 @@ def _announce(log, op: int, numel: int, dtype: torch.dtype | None, problem: int 
     mine = torch.tensor([op, numel, _DTYPES.index(dtype) if dtype in _DTYPES else -1, problem],
                         dtype=torch.int64, device=log["device"])
     rows = torch.empty(dist.get_world_size() * 4, dtype=torch.int64, device=log["device"])
-    log["gather"](rows, mine, group=engines._check_group)
+    log["gather"](rows, mine, group=engines.check_group)
     rows = rows.view(-1, 4).tolist()
     log["count"] += 1
     for rank, row in enumerate(rows):
         where = f"rank {rank}, in its collective number {log['count']} of a step,"
         if row[3] == 1:
-            raise _Wrong(f"{where} reduces a tensor on another device than the gradients ({log['device']}): "
+            raise Wrong(f"{where} reduces a tensor on another device than the gradients ({log['device']}): "
                          f"allocate buffers with device=param.device. (The check builds your wrapper with torch's "
                          f"default device set to 'meta', to find buffers that would stay on the CPU in a GPU run, "
                          f"where nccl refuses them.)")
         if row[3] == 2:
-            raise _Wrong(f"{where} reduces a {_dtype_name(row[2])} tensor, but the gradients "
+            raise Wrong(f"{where} reduces a {_dtype_name(row[2])} tensor, but the gradients "
                          f"are {_dtype_name(_DTYPES.index(log['dtype']))}: allocate buffers with dtype=param.dtype "
                          f"(a float32 buffer rounds float64 gradients to 7 digits)")
     if any(row[:3] != rows[0][:3] for row in rows):
         made = "; ".join(f"rank {rank}: {_describe(row)}" for rank, row in enumerate(rows))
-        raise _Wrong(f"the ranks disagree on collective number {log['count']} of a step ({made}). Collectives pair "
+        raise Wrong(f"the ranks disagree on collective number {log['count']} of a step ({made}). Collectives pair "
                      f"up by their order on each rank, so every rank must make the same calls, in the same order, "
                      f"on tensors of the same size: never skip a parameter whose gradient is None on this rank "
                      f"(another rank may have one; reduce zeros), and launch buckets in bucket order")
@@ -189,7 +187,7 @@ def _announce(log, op: int, numel: int, dtype: torch.dtype | None, problem: int 
 
 @contextmanager
 def _watch(model: nn.Module):
-    """``engines._spy`` (counts, the check's group), plus: every all_reduce and broadcast is announced
+    """``engines.spy`` (counts, the check's group), plus: every all_reduce and broadcast is announced
     to the other ranks first, with its dtype and device checked against ``model``'s parameters; async
     handles note when they are waited on; the elements of each all_reduce are listed in call order."""
     import torch.distributed as dist
@@ -215,16 +213,16 @@ def _watch(model: nn.Module):
             return _Watched(work, log)
         return call
 
-    with _spy() as calls:
+    with spy() as calls:
         spies = {name: getattr(dist, name) for name in _GUARDED}
         try:
-            for name, spy in spies.items():
-                setattr(dist, name, guard(name, spy))
+            for name, counted in spies.items():
+                setattr(dist, name, guard(name, counted))
             log["calls"] = calls
             yield log
         finally:
-            for name, spy in spies.items():
-                setattr(dist, name, spy)
+            for name, counted in spies.items():
+                setattr(dist, name, counted)
 
 
 def _end_step(log) -> None:
@@ -258,7 +256,7 @@ def _model_and_batches(rare: bool, micro_batches: int):
 
 
 def _train_and_compare(cls, cap, micro_batches, exercise_kind, rare=True):
-    """Train the learner's wrapper; raise _Wrong naming the first problem; return the worst differences."""
+    """Train the learner's wrapper; raise Wrong naming the first problem; return the worst differences."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -277,10 +275,10 @@ def _train_and_compare(cls, cap, micro_batches, exercise_kind, rare=True):
         cause = ("broadcast every parameter and buffer from rank 0 in __init__ (inside torch.no_grad()), so all "
                  "ranks start equal" if exercise_kind == "naive" else
                  "every rank must end finish_gradient_synchronization() holding the same mean gradients")
-        raise _Wrong(f"after {STEPS} steps the ranks hold different values of {', '.join(spread)}: {cause}")
+        raise Wrong(f"after {STEPS} steps the ranks hold different values of {', '.join(spread)}: {cause}")
     frozen = [name for name, param in model.named_parameters() if not param.requires_grad and param.grad is not None]
     if frozen:
-        raise _Wrong(f"rank {rank}: the frozen parameters {', '.join(frozen)} (requires_grad=False) hold a gradient "
+        raise Wrong(f"rank {rank}: the frozen parameters {', '.join(frozen)} (requires_grad=False) hold a gradient "
                      f"after your step: leave them out, as one process and torch's DDP do (their .grad stays None; "
                      f"an optimizer with weight decay would move them)")
 
@@ -295,22 +293,22 @@ def _train_and_compare(cls, cap, micro_batches, exercise_kind, rare=True):
             _, scaled = equivalence.start_models(make)
             equivalence.train_single_process(scaled, batches, lr=0.1 * factor, micro_batches=micro_batches)
             if max(equivalence.differences(scaled, model).values()) <= 1e-6:
-                raise _Wrong(f"rank {rank}: your weights equal one process trained with learning rate "
+                raise Wrong(f"rank {rank}: your weights equal one process trained with learning rate "
                              f"{0.1 * factor:g} instead of 0.1: {why}")
         accumulate = (" With gradient accumulation the first backward runs inside no_sync(): its gradients must "
                       "stay local and be reduced, summed with the second's, after the second backward."
                       if micro_batches > 1 else "")
-        raise _Wrong(f"rank {rank}: after {STEPS} steps `{worst}` differs by {to_single[worst]:.3g} from one "
+        raise Wrong(f"rank {rank}: after {STEPS} steps `{worst}` differs by {to_single[worst]:.3g} from one "
                      f"process trained on the whole batches: every rank must end with the mean over the ranks of "
                      f"its local gradient (parameters without a gradient take part as zeros).{accumulate}")
 
     twin, _ = equivalence.start_models(make)
     equivalence.train_data_parallel(
-        lambda m: DistributedDataParallel(m, process_group=engines._check_group, find_unused_parameters=True),
+        lambda m: DistributedDataParallel(m, process_group=engines.check_group, find_unused_parameters=True),
         twin, batches, micro_batches=micro_batches)
     to_torch = equivalence.differences(twin, model)
     if max(to_torch.values()) > TOLERANCE:
-        raise _Wrong(f"rank {rank}: your weights match one process but differ from torch's DDP by "
+        raise Wrong(f"rank {rank}: your weights match one process but differ from torch's DDP by "
                      f"{max(to_torch.values()):.3g}: tell the course maintainers, this should not happen")
     return max(to_single.values()), max(to_torch.values())
 
@@ -366,28 +364,28 @@ def _calls_job(cls, cap, kind, rare):
     made = (f"your wrapper made {total} all_reduce call(s) in one step, {during} of them before backward "
             f"reached the first layer")
     if kind == "flat" and total != 1:
-        raise _Wrong(f"{made}; flatten all gradients into one tensor and reduce it with a single all_reduce")
+        raise Wrong(f"{made}; flatten all gradients into one tensor and reduce it with a single all_reduce")
     if kind == "overlap":
         if during == 0:
-            raise _Wrong(f"{made}: start each parameter's all_reduce from its hook (self.on_gradient_ready), "
+            raise Wrong(f"{made}: start each parameter's all_reduce from its hook (self.on_gradient_ready), "
                          f"so it overlaps the rest of backward")
         if during_async < during:
-            raise _Wrong(f"{made}, {during - during_async} of them blocking: pass async_op=True in the hook, "
+            raise Wrong(f"{made}, {during - during_async} of them blocking: pass async_op=True in the hook, "
                          f"keep the handle, and wait for it in finish_gradient_synchronization()")
         if total != len(trainable):
-            raise _Wrong(f"{made}; expected one per parameter that requires a gradient ({len(trainable)}), including "
+            raise Wrong(f"{made}; expected one per parameter that requires a gradient ({len(trainable)}), including "
                          f"those backward never reached (launch them in finish_gradient_synchronization())")
     if kind == "bucketed":
         expected = [sum(p.numel() for p in bucket) for bucket in ddp.assign_buckets(trainable, cap)]
         if cap == TINY_CAP_MB and total != len(trainable):
-            raise _Wrong(f"with bucket_cap_mb={cap:g} every parameter is larger than the cap and gets a bucket of "
+            raise Wrong(f"with bucket_cap_mb={cap:g} every parameter is larger than the cap and gets a bucket of "
                          f"its own: expected {len(trainable)} all_reduce calls, {made}")
         if cap == HUGE_CAP_MB and total != 1:
-            raise _Wrong(f"with bucket_cap_mb={cap:g} every gradient fits in one bucket: expected 1 all_reduce "
+            raise Wrong(f"with bucket_cap_mb={cap:g} every gradient fits in one bucket: expected 1 all_reduce "
                          f"call, {made}")
         if log["sizes"] != expected:
             order = sorted(log["sizes"]) == sorted(expected)
-            raise _Wrong(f"with bucket_cap_mb={cap:g} your all_reduce calls, in launch order, held "
+            raise Wrong(f"with bucket_cap_mb={cap:g} your all_reduce calls, in launch order, held "
                          f"{log['sizes']} elements; expected buckets of {expected}. " +
                          ("The sizes are right but not their order: build the buckets from the last parameter to "
                           "the first (backward produces gradients roughly in that order) and launch them in bucket "
@@ -396,17 +394,17 @@ def _calls_job(cls, cap, kind, rare):
                           f"(numel * element_size) stay within bucket_cap_mb * 2**20 = {cap * 2 ** 20:g} bytes, "
                           f"walking the parameters from the last to the first."))
         if cap == TINY_CAP_MB and during == 0:
-            raise _Wrong(f"{made}: build the buckets from the last parameter to the first (backward produces "
+            raise Wrong(f"{made}: build the buckets from the last parameter to the first (backward produces "
                          f"gradients roughly in that order) and launch each bucket as soon as all its gradients "
                          f"are in, in bucket order")
         if during_async < during:
-            raise _Wrong(f"{made}, {during - during_async} of them blocking: pass async_op=True")
+            raise Wrong(f"{made}, {during - during_async} of them blocking: pass async_op=True")
     if log["pending"]:
-        raise _Wrong(f"{made}; {log['pending']} of them were still running when finish_gradient_synchronization() "
+        raise Wrong(f"{made}; {log['pending']} of them were still running when finish_gradient_synchronization() "
                      f"returned: the optimizer step would read gradients still being reduced. Call wait() on every "
                      f"handle before returning")
     if kind in ("overlap", "bucketed") and "backward" in log["waits"]:
-        raise _Wrong(f"{made}, but waited for {log['waits'].count('backward')} of them during backward, right "
+        raise Wrong(f"{made}, but waited for {log['waits'].count('backward')} of them during backward, right "
                      f"after starting them: that blocks backward until the bytes have travelled, so nothing "
                      f"overlaps. Keep the handles and wait for them in finish_gradient_synchronization()")
     return during, total
@@ -417,7 +415,7 @@ def _no_sync_job(cls, cap, kind):
     # ranks, so they can be counted and named.
     _, _, _, inside, _ = _one_step(cls, cap, False, accumulate=True)
     if inside:
-        raise _Wrong(f"inside `with model.no_sync():` your wrapper made {inside} all_reduce call(s) during "
+        raise Wrong(f"inside `with model.no_sync():` your wrapper made {inside} all_reduce call(s) during "
                      f"backward: when self.synchronizing is False the hook must return at once, so gradients "
                      f"accumulate locally; the next backward outside no_sync() reduces their sums")
     return inside
@@ -428,7 +426,7 @@ def _no_sync_job(cls, cap, kind):
 def _names_used(cls) -> set:
     """Every name the class's own code (and the notebook functions it calls) refers to."""
     functions = [v for v in vars(cls).values() if isinstance(v, types.FunctionType)] if isinstance(cls, type) else [cls]
-    functions += [v for v in _globals_used(cls).values() if isinstance(v, types.FunctionType)]
+    functions += [v for v in globals_used(cls).values() if isinstance(v, types.FunctionType)]
     codes, names = [f.__code__ for f in functions], set()
     while codes:
         code = codes.pop()
@@ -459,20 +457,20 @@ def _check(workers, cls, name: str, kind: str, number: str, caps=(None,)) -> Non
     try:
         with exercise(name):
             _refuse_shortcuts(cls, name)
-            _prepare(workers, cls, name)
+            prepare(workers, cls, name)
             worst = (0.0, 0.0)
             rare = kind != "overlap"   # per-parameter launches in hook order need the same graph on every rank
             for cap in caps:
                 setting = f" with bucket_cap_mb={cap:g}" if cap is not None else ""
                 case = f"{STEPS} steps of {'RareNet' if rare else 'AwkwardNet'} on {workers.n} ranks{setting}"
                 if kind != "naive":   # first: how it communicates explains most wrong weights
-                    _run_case(workers, name, _calls_job, cls, (cap, kind, rare), f"counting all_reduce calls{setting}")
-                results = _run_case(workers, name, _train_and_compare, cls, (cap, 1, kind, rare), case)
+                    run_case(workers, name, _calls_job, cls, (cap, kind, rare), f"counting all_reduce calls{setting}")
+                results = run_case(workers, name, _train_and_compare, cls, (cap, 1, kind, rare), case)
                 worst = max(worst, max(results))
             if kind in ("overlap", "bucketed"):
                 cap = TINY_CAP_MB if kind == "bucketed" else None   # buckets that launch during backward
-                _run_case(workers, name, _no_sync_job, cls, (cap, kind), "one backward inside no_sync()")
-                _run_case(workers, name, _train_and_compare, cls, (cap, 2, kind, rare),
+                run_case(workers, name, _no_sync_job, cls, (cap, kind), "one backward inside no_sync()")
+                run_case(workers, name, _train_and_compare, cls, (cap, 2, kind, rare),
                           "gradient accumulation: two backward passes per step, the first inside no_sync()")
     except ExerciseError as error:
         raise type(error)(f"{error}\n  A step-by-step hint: lab05.hint({number!r})") from error.__cause__

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import exercise, expect, show_hint
-from .engines import _prepare, _run_case, _Wrong
+from . import exercise, expect, hint_for
+from .engines import prepare, run_case, Wrong
 
 HINTS = {
     "8.1": """Step by step:
@@ -33,9 +33,7 @@ HINTS = {
 }
 
 
-def hint(name: str) -> None:
-    """Print the step-by-step hint of exercise ``name`` (e.g. ``"8.1"``)."""
-    show_hint(HINTS, name)
+hint = hint_for(HINTS)  # lab08.hint("8.1") prints that exercise's step-by-step hint
 
 
 # --- 8.1 the weight average with Allreduce ----------------------------------------------------------
@@ -61,7 +59,7 @@ def _average_job(average_weights, world_size_expected):
     comm = MPI.COMM_WORLD
     rank, p = comm.Get_rank(), comm.Get_size()
     if p != world_size_expected:
-        raise _Wrong(f"MPI.COMM_WORLD has {p} rank(s) on this engine, the cluster {world_size_expected}: start the "
+        raise Wrong(f"MPI.COMM_WORLD has {p} rank(s) on this engine, the cluster {world_size_expected}: start the "
                      f"engines with cluster.start(P, engines=\"mpi\")")
     states = [{name: t.clone() for name, t in _Replica(r).state_dict().items()} for r in range(p)]
     mine = _Replica(rank)
@@ -72,12 +70,12 @@ def _average_job(average_weights, world_size_expected):
         if torch.allclose(got.double(), stack.mean(0), rtol=1e-6, atol=1e-6):
             continue
         if torch.allclose(got.double(), stack.sum(0), rtol=1e-6, atol=1e-6):
-            raise _Wrong(f"rank {rank}: {name} holds the sum over the ranks, not the mean: divide by comm.Get_size()")
+            raise Wrong(f"rank {rank}: {name} holds the sum over the ranks, not the mean: divide by comm.Get_size()")
         if torch.equal(got, before[name]):
-            raise _Wrong(f"rank {rank}: {name} is unchanged. Every rank must end with the mean of every parameter "
+            raise Wrong(f"rank {rank}: {name} is unchanged. Every rank must end with the mean of every parameter "
                          f"and buffer: Allreduce leaves the result on every rank (Reduce only on the root), and the "
                          f"result must land in the model's own tensors (tensor.detach().numpy() shares their memory).")
-        raise _Wrong(f"rank {rank}: {name} is {got.flatten()[:3].tolist()}..., the mean over the ranks is "
+        raise Wrong(f"rank {rank}: {name} is {got.flatten()[:3].tolist()}..., the mean over the ranks is "
                      f"{stack.mean(0).flatten()[:3].tolist()}...")
     return True
 
@@ -86,8 +84,8 @@ def check_average(workers, average_weights) -> None:
     """Exercise 8.1: the learner's ``average_weights(model, comm)`` on every MPI engine at once."""
     name = "8.1"
     with exercise(name):
-        _prepare(workers, average_weights, name)
-        _run_case(workers, name, _average_job, average_weights, (workers.n,),
+        prepare(workers, average_weights, name)
+        run_case(workers, name, _average_job, average_weights, (workers.n,),
                   f"{workers.n} ranks, float32 and float64 parameters and a buffer")
 
 
