@@ -11,7 +11,8 @@ wrong. Used by the checks of labs 03, 04, 05 and 08. The harness they import:
   ``run_cases`` does a list of them;
 - ``Wrong(message)``: raised by a job on a rank to fail the case with ``message``;
 - ``spy(recv_dtype)``: count the learner's torch.distributed calls (``POINT_TO_POINT`` names the
-  point-to-point ones) and route them to ``check_group``, the group ``renew_group`` makes;
+  point-to-point ones) and route them to ``check_group``, the group ``renew_group`` makes
+  (``verify_group``, made when ``prepare`` is asked for ``own_collectives``, carries the check's own);
 - ``globals_used(fn)``: the notebook names a function reads, to ship them with it.
 
 What gloo does when messages do not match (measured with torch 2.14): a blocking send waits
@@ -52,6 +53,7 @@ _COMMUNICATION = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "broadc
                   "all_to_all", "all_to_all_single", "barrier")
 _TIMED_OUT = "Timed out waiting"  # gloo's message when a rank waited longer than its group's timeout
 check_group = None  # on an engine: the process group the current check runs the learner's calls on
+verify_group = None  # on an engine: the group of a check's own collectives (prepare(..., own_collectives=True))
 POINT_TO_POINT = {"send", "recv", "isend", "irecv", "batch_isend_irecv"}
 
 
@@ -73,11 +75,16 @@ def renew_group(old, timeout_s: float):
     return dist.new_group(timeout=datetime.timedelta(seconds=timeout_s))
 
 
-def _fresh_group(timeout_s: float) -> bool:
-    """On every engine: a new process group of all ranks, for the next check's calls."""
-    global check_group
+def _fresh_group(timeout_s: float, own_collectives: bool = False) -> bool:
+    """On every engine: a new process group of all ranks for the next check's calls and, with
+    ``own_collectives``, a second one (``verify_group``) for the check's own collectives, so that a
+    learner who skips a collective cannot pair it with one of the check's."""
+    global check_group, verify_group
     old, check_group = check_group, None
     check_group = renew_group(old, timeout_s)
+    if own_collectives:
+        old, verify_group = verify_group, None
+        verify_group = renew_group(old, timeout_s)
     return True
 
 
@@ -206,9 +213,9 @@ def globals_used(fn, seen=None) -> dict:
     return seen
 
 
-def prepare(workers, fn, name: str) -> None:
+def prepare(workers, fn, name: str, own_collectives: bool = False) -> None:
     """The engines are alive, their process group works, they know what ``fn`` uses, and the
-    check has a fresh process group of its own."""
+    check has a fresh process group of its own (two with ``own_collectives``: see ``_fresh_group``)."""
     if workers is None or not hasattr(workers, "view"):
         expect(False, f"{name}: pass the `workers` that cluster.start(...) returned (run the Setup cell)")
     if cluster.running() is not workers:
@@ -236,7 +243,7 @@ def prepare(workers, fn, name: str) -> None:
     functions = {alias: v for alias, v in used.items() if isinstance(v, types.FunctionType)}
     if functions:
         workers.view.push(functions, block=False).wait(10)
-    group = workers.view.apply_async(_fresh_group, _group_timeout(workers))
+    group = workers.view.apply_async(_fresh_group, _group_timeout(workers), own_collectives)
     if not group.wait(_group_timeout(workers) + 10):
         expect(False, f"{name}: the check's own process group could not be created in time. {_RESTART}")
     try:

@@ -24,7 +24,7 @@ import time
 import torch
 
 from . import exercise, expect, hint_for
-from .engines import Wrong, prepare, renew_group, run_cases, spy
+from .engines import Wrong, prepare, run_cases, spy
 
 HINTS = {
     "4.1": """Step by step:
@@ -87,31 +87,11 @@ def _calls_into(*file_endings: str):
     finally:
         sys.setprofile(previous)
 
-GROUP_TIMEOUT = 10.0  # seconds a rank of the check's own groups waits for the others
-_RESTART = ("Start a fresh cluster: run `cluster.stop()`, then re-run the Setup cell and the cells after it "
-            "up to your exercise (they import what the engines need).")
-
-_verify_group = None  # on an engine: the process group of the check's own collectives
-
-
-def _fresh_verify_group(timeout_s: float) -> bool:
-    """On every engine: a new group for the check's own collectives, apart from the one the learner's
-    calls run on, so that a learner who skips a collective cannot pair it with one of the check's."""
-    global _verify_group
-    old, _verify_group = _verify_group, None
-    _verify_group = renew_group(old, timeout_s)
-    return True
-
-
 def _prepare_all(workers, functions, name: str) -> None:
-    """lab 03's preparation for each learner function, plus the check's own process group."""
-    for fn in functions:
-        prepare(workers, fn, name)
-    timeout = min(float(workers.timeout), GROUP_TIMEOUT)
-    ready = workers.view.apply_async(_fresh_verify_group, timeout)
-    if not ready.wait(timeout + 10):
-        expect(False, f"{name}: the check's own process group could not be created in time. {_RESTART}")
-    ready.get(0)
+    """lab 03's preparation for each learner function, and the check's own group for its collectives."""
+    for i, fn in enumerate(functions):
+        prepare(workers, fn, name, own_collectives=i == len(functions) - 1)
+
 
 # --- Exercise 4.1: DistributedSampler's indices ------------------------------------------
 
@@ -265,11 +245,11 @@ def _planted(case: str, p: int) -> tuple[int, int]:
 def _replicas_job(replicas_equal, case):
     import torch.distributed as dist
 
-    from . import lab04
+    from . import engines
     from ..replicas import replica_differences
 
     rank, p = dist.get_rank(), dist.get_world_size()
-    group = lab04._verify_group
+    group = engines.verify_group
     model = _replica_model()
     target, what, advice = _PERTURBATIONS[case]
     changed_rank, element = _planted(case, p)
@@ -482,11 +462,11 @@ def _checkpoint_job(save_checkpoint, load_checkpoint, path, delay_s):
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from . import lab04
+    from . import engines
     from ..replicas import replica_differences
 
     rank, p = dist.get_rank(), dist.get_world_size()
-    group = lab04._verify_group
+    group = engines.verify_group
     ddp_model = DDP(_checkpoint_model(), process_group=group)
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.1, momentum=0.9)
     g = torch.Generator().manual_seed(rank)
