@@ -163,3 +163,41 @@ def test_a_killed_kernel_leaves_nothing_in_the_profile(tmp_path, monkeypatch):
     assert not engines_of(ipython_dir)
     assert not list(security.glob("*")) and not list(log.glob("*")), \
         f"left in the profile: {list(security.glob('*')) + list(log.glob('*'))}"
+
+
+def test_an_interrupted_px_cell_stops_every_rank_and_says_so_once(tmp_path, monkeypatch):
+    """The notebook's stop button on a %%px cell: the engines get SIGINT, the cell ends with one error
+    naming every rank, and the next %%px cell runs on the same cluster."""
+    from jupyter_client.manager import start_new_kernel
+
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        assert client.execute_interactive("from utils import cluster\nworkers = cluster.start(2)",
+                                          timeout=120)["content"]["status"] == "ok"
+        outputs = []
+        msg_id = client.execute("%%px\nimport time\nprint('started', flush=True)\ntime.sleep(60)")
+        started, interrupted = time.monotonic(), False
+        while True:
+            try:
+                message = client.get_iopub_msg(timeout=1)
+            except Exception:
+                message = None
+            if not interrupted and time.monotonic() - started > 4:
+                manager.interrupt_kernel()
+                interrupted = True
+            if message is None or message["parent_header"].get("msg_id") != msg_id:
+                assert time.monotonic() - started < 40, "the interrupted cell did not end"
+                continue
+            if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
+                break
+            outputs.append(message)
+        errors = [m["content"] for m in outputs if m["msg_type"] == "error"]
+        assert len(errors) == 1 and errors[0]["ename"] == "RankError", outputs
+        assert errors[0]["evalue"].startswith("ranks 0 and 1 (every rank): KeyboardInterrupt"), errors[0]["evalue"]
+        assert time.monotonic() - started < 30, "the ranks must stop soon after the interrupt, not sleep on"
+        reply = client.execute_interactive("%%px\nprint('still here', rank)", timeout=60)
+        assert reply["content"]["status"] == "ok", reply["content"]
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=False)
