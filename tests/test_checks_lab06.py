@@ -188,10 +188,12 @@ def test_answers_written_in_for_the_fixed_cases_fail_on_random_sizes():
     assert "were DDP's on every fixed case but not on these random sizes" in got, got
 
 
-def test_asking_the_checks_own_recording_fails():
-    got = fails(lab06.check_buckets, lambda param_bytes, bucket_cap_mb=None: lab06.recorded_buckets(param_bytes, bucket_cap_mb),
-                Incorrect)
-    assert "asked the check's own recording of DDP" in got, got
+@pytest.mark.parametrize("answer", [lambda sizes, bucket_cap_mb=None: lab06.recorded_buckets(sizes, bucket_cap_mb),
+                                    lambda sizes, bucket_cap_mb=None: list(lab06._recorded(tuple(sizes), bucket_cap_mb)),
+                                    lambda sizes, bucket_cap_mb=None: lab06._rule(sizes, bucket_cap_mb)],
+                         ids=["recorded_buckets", "_recorded", "_rule"])
+def test_asking_the_checks_own_code_fails(answer):
+    assert "asked the check's own code for the answer" in fails(lab06.check_buckets, answer, Incorrect)
 
 
 def test_bucket_stub_is_not_solved():

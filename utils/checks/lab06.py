@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import Incorrect, NotSolved, exercise, expect, show_hint
+from . import Incorrect, NotSolved, exercise, expect, hint_for
 from .job_probe import INJECTED
 
 # The tiny problem the check trains: sizes that do not divide evenly (padding, a short last batch).
@@ -71,9 +71,7 @@ torch/nn/parallel/distributed.py):
 }
 
 
-def hint(name: str) -> None:
-    """Print the step-by-step hint of exercise ``name`` (e.g. ``"6.1"``)."""
-    show_hint(HINTS, name)
+hint = hint_for(HINTS)  # lab06.hint("6.1") prints that exercise's step-by-step hint
 
 
 # --- running the script ---------------------------------------------------------------------------
@@ -364,9 +362,6 @@ class _SizedParameters(torch.nn.Module):
         return x
 
 
-_ANSWERING = {"now": False, "asked": False}   # set while the learner's function runs
-
-
 def recorded_buckets(param_bytes, bucket_cap_mb=None) -> list[int]:
     """The buckets a real ``DistributedDataParallel`` makes for float32 parameters of these sizes (bytes,
     in ``model.parameters()`` order), in bytes, in the order it all-reduces them.
@@ -375,8 +370,6 @@ def recorded_buckets(param_bytes, bucket_cap_mb=None) -> list[int]:
     gradients in one bucket and notes the order in which they arrive; it then rebuilds its buckets in
     that order. ``bucket_cap_mb`` is passed to DDP as it is (None: DDP's default).
     """
-    if _ANSWERING["now"]:
-        _ANSWERING["asked"] = True
     return list(_recorded(tuple(int(n) for n in param_bytes), bucket_cap_mb))
 
 
@@ -409,6 +402,7 @@ def _rule(param_bytes, bucket_cap_mb=None, *, unit=MiB, first="cap", order="back
           whole_mib=False, listed="in order"):
     """Buckets by the rule torch applies, or by a typical misreading of it (the keywords), used only to
     name a wrong answer's mistake; what is right is what ``recorded_buckets`` records."""
+    _RULE_CALLS[0] += 1
     if bucket_cap_mb is None:
         limits = ((25 if first == "25 MiB" else 1) * unit, 25 * unit)
     else:
@@ -426,6 +420,15 @@ def _rule(param_bytes, bucket_cap_mb=None, *, unit=MiB, first="cap", order="back
             size = 0
     buckets += [size] if size else []
     return buckets[::-1] if listed == "reversed" else buckets
+
+
+_RULE_CALLS = [0]
+
+
+def _own_calls() -> tuple:
+    """How often the check's own answers have been asked for: DDP's recording, and its reading of the rule."""
+    info = _recorded.cache_info()
+    return info.hits + info.misses, _RULE_CALLS[0]
 
 
 # Each typical mistake: how it reads the rule, and what is wrong with it, in words.
@@ -491,7 +494,7 @@ def _random_case(rng: random.Random):
 
 def _answer(ddp_bucket_bytes, sizes, cap) -> list[int]:
     """The learner's buckets for one case, checked for their form."""
-    _ANSWERING.update(now=True, asked=False)
+    before = _own_calls()
     try:
         got = ddp_bucket_bytes(list(sizes), bucket_cap_mb=cap)
     except TypeError as error:
@@ -500,11 +503,9 @@ def _answer(ddp_bucket_bytes, sizes, cap) -> list[int]:
                             f"None means the cap was left at DDP's default (as in DistributedDataParallel's "
                             f"own signature), whose buckets differ from any cap given explicitly.") from error
         raise
-    finally:
-        _ANSWERING["now"] = False
-    expect(not _ANSWERING["asked"], "6.2: your function asked the check's own recording of DDP "
-                                    "(lab06.recorded_buckets) for the answer: compute the buckets from the "
-                                    "sizes and the rule in the text.")
+    expect(_own_calls() == before, "6.2: your function asked the check's own code for the answer (its "
+                                   "recording of DDP's buckets, or its reading of the rule): compute the "
+                                   "buckets from the sizes and the rule in the text.")
     expect(isinstance(got, (list, tuple)) and all(isinstance(n, int) and not isinstance(n, bool) for n in got),
            f"6.2: return a list of whole numbers of bytes, one per bucket; got {got!r}")
     return list(got)
