@@ -13,7 +13,8 @@ wrong. Used by the checks of labs 03, 04, 05 and 08. The harness they import:
 - ``spy(recv_dtype)``: count the learner's torch.distributed calls (``POINT_TO_POINT`` names the
   point-to-point ones) and route them to ``check_group``, the group ``renew_group`` makes
   (``verify_group``, made when ``prepare`` is asked for ``own_collectives``, carries the check's own);
-- ``globals_used(fn)``: the notebook names a function reads, to ship them with it.
+- ``globals_used(fn)``: the notebook names a function reads, to ship them with it;
+- ``replaced_in_dist(functions)``: torch.distributed's functions swapped for watchers inside a block.
 
 What gloo does when messages do not match (measured with torch 2.14): a blocking send waits
 until the matching receive is posted; a rank left waiting raises "Timed out waiting ..." after
@@ -98,7 +99,6 @@ def spy(recv_dtype: torch.dtype | None = None):
     gloo itself would abort the process when the message arrives.
     """
     import torch.distributed as dist
-    from torch.distributed import distributed_c10d as c10d
 
     calls: dict = {"elements_sent": 0}
     saved = {name: getattr(dist, name) for name in _COMMUNICATION if hasattr(dist, name)}
@@ -127,17 +127,30 @@ def spy(recv_dtype: torch.dtype | None = None):
         counting.__name__ = name  # P2POp's repr reads op.__name__
         return counting
 
-    spies = {name: wrap(name, original) for name, original in saved.items()}
-    try:
-        for name, counting in spies.items():
-            setattr(dist, name, counting)
-            if getattr(c10d, name, None) is saved[name]:
-                setattr(c10d, name, counting)  # internal calls, and P2POp(dist.isend, ...)'s own check
+    with replaced_in_dist({name: wrap(name, original) for name, original in saved.items()}):
         yield calls
+
+
+@contextmanager
+def replaced_in_dist(replacements: dict):
+    """Inside the block, the torch.distributed functions named in ``replacements`` are replaced, in
+    distributed_c10d too where it holds the same function (torch's internal calls, and
+    ``P2POp(dist.isend, ...)``'s own check, look them up there); every one is restored after."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    saved = {name: getattr(dist, name) for name in replacements}
+    also_c10d = {name for name in replacements if getattr(c10d, name, None) is saved[name]}
+    try:
+        for name, replacement in replacements.items():
+            setattr(dist, name, replacement)
+            if name in also_c10d:
+                setattr(c10d, name, replacement)
+        yield
     finally:
         for name, original in saved.items():
             setattr(dist, name, original)
-            if getattr(c10d, name, None) is spies[name]:
+            if name in also_c10d:
                 setattr(c10d, name, original)
 
 

@@ -20,7 +20,7 @@ import torch
 
 from . import Incorrect, exercise, expect, hint_for
 from ..collectives import chunk_bounds
-from .engines import POINT_TO_POINT, Wrong, prepare, run_case, spy
+from .engines import POINT_TO_POINT, Wrong, prepare, replaced_in_dist, run_case, spy
 
 HINTS = {
     "3.1": """Step by step (every rank runs the same function; only rank 0 has A and B):
@@ -129,7 +129,6 @@ def _traffic(rank: int):
     Enter it before ``engines.spy``: the spy then adds the check's group to each call, and this
     wrapper sees it."""
     import torch.distributed as dist
-    from torch.distributed import distributed_c10d as c10d
 
     log = {"received": 0, "sent": 0, "sent_to": set(), "received_from": set()}
     depth = [0]
@@ -225,18 +224,8 @@ def _traffic(rank: int):
             return original(*args, **kwargs)
         return watch
 
-    wrappers = {name: wrap(name, original) for name, original in saved.items()}
-    try:
-        for name, wrapper in wrappers.items():
-            setattr(dist, name, wrapper)
-            if getattr(c10d, name, None) is saved[name]:
-                setattr(c10d, name, wrapper)  # P2POp(dist.isend, ...) checks its op against c10d's
+    with replaced_in_dist({name: wrap(name, original) for name, original in saved.items()}):
         yield log
-    finally:
-        for name, original in saved.items():
-            setattr(dist, name, original)
-            if getattr(c10d, name, None) is wrappers[name]:
-                setattr(c10d, name, original)
 
 
 def _fmt(t: torch.Tensor, limit: int = 6) -> str:
