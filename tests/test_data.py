@@ -151,6 +151,8 @@ def test_shapes_render_their_class():
     (dict(channels=0), "channels must be a whole number >= 1"),
     (dict(num_samples=100, test_fraction=0.0), "test_fraction=0.0 leaves 0 of the 10 images"),
     (dict(num_samples=100, test_fraction=1.0), "test_fraction=1.0 leaves 10 of the 10 images"),
+    (dict(difficulty="easy"), "difficulty must be one of 'standard', 'hard', got 'easy'"),
+    (dict(difficulty=None), "difficulty must be one of 'standard', 'hard', got None"),
 ])
 def test_shapes_rejects_bad_options(options, message):
     with pytest.raises(ValueError, match=message):
@@ -163,6 +165,51 @@ def test_load_shapes_passes_options_and_subsamples():
     assert d.x_train.shape == (50, 3, 32, 32) and d.x_test.shape == (20, 3, 32, 32)
     assert torch.equal(d.x_train, full.x_train[:50]) and torch.equal(d.y_test, full.y_test[:20])
     assert torch.bincount(d.y_train, minlength=10).tolist() == [5] * 10
+
+
+# shapes(difficulty="standard"), the default, keeps the images it drew before "hard" existed
+# (its sha256 over x_train, y_train, x_test, y_test was checked equal before and after, for
+# shapes(2000), shapes(300, 32, 3, seed=5), shapes(100, 9, 2, seed=1) and shapes(4200, seed=7)).
+# Recorded then: each image's pixel sum and ramp-weighted sum (train then test, standardised),
+# and the labels. A tolerance, not a hash: another CPU's libm may move the last bits.
+_STANDARD_REFERENCE = {
+    (50, 28, 1, 0): ([-819.95, -959.04, 742.21, -862.84, 427.12, 533.76, -761.81, -109.48, -494.66, 902.09, 123.45, 189.6, -61.24, 408.39, -253.35, 395.38, -529.22, 553.08, 218.81, 535.36, 361.63, -301.86, -945.4, -416.88, 964.82, -626.52, 291.07, -24.56, -1041.4, -67.7, 321.95, 413.97, 937.74, 7.92, -149.31, 1113.31, -411.25, 612.25, -601.96, -615.47, 284.03, 7.48, -641.78, 188.28, -208.25, 657.59, 178.09, 174.33, 1093.38, -738.07],
+                     [-399.04, -471.27, 374.32, -377.95, 199.76, 262.12, -360.63, -139.46, -272.05, 440.07, 175.9, 83.53, -31.49, 195.56, -114.37, 197.6, -295.52, 312.66, 138.9, 272.37, 190.57, -195.28, -454.0, -186.15, 492.32, -384.17, 113.93, -23.11, -498.07, -51.21, 200.9, 249.0, 399.01, -0.02, -110.6, 571.99, -215.05, 284.75, -306.5, -311.03, 147.05, 16.1, -347.39, 101.21, -167.67, 376.74, 64.6, 99.52, 541.52, -410.74],
+                     "46273590812936048751549082167345762319081278049563"),
+    (50, 32, 3, 5): ([972.1, -251.92, -1601.26, -1991.45, 1050.94, -750.03, -260.57, -597.64, 223.17, -873.63, -641.14, -2160.59, 755.19, 1578.15, 50.67, -632.49, -1103.01, 210.7, 874.9, 1065.02, 613.69, 437.35, 3538.1, -590.29, 164.7, -85.06, -1127.71, 2756.33, 98.68, 638.91, -2878.11, 1121.33, -41.68, -250.79, 1063.24, -1896.62, 950.97, -1898.27, 1415.08, 53.03, -1200.73, 2219.22, -445.53, 827.22, -335.12, 3680.18, -622.68, -866.73, 1325.92, 340.11],
+                     [456.35, 460.97, -1081.66, -935.59, 679.18, -337.73, 95.22, -102.84, 394.34, 114.92, -265.63, -921.12, -89.88, 279.45, 93.28, -9.55, -134.06, 124.54, 735.82, 40.23, 653.79, -481.89, 1536.12, -86.4, 774.3, -251.42, -852.21, 1424.27, -162.99, 721.42, -1497.16, 217.51, -327.9, -396.79, 710.23, -1231.46, 685.58, -1153.04, 596.72, -393.98, -1182.87, 243.24, -840.5, -397.04, 748.83, 1555.24, 128.4, -759.11, 94.23, -653.45],
+                     "76132409589637108452754296130818260957343910862475"),
+}
+
+
+@pytest.mark.parametrize("key", list(_STANDARD_REFERENCE))
+def test_shapes_standard_images_are_unchanged(key):
+    num_samples, size, channels, seed = key
+    sums, ramp_sums, labels = _STANDARD_REFERENCE[key]
+    d = data.shapes(num_samples, size=size, channels=channels, seed=seed)
+    same = data.shapes(num_samples, size=size, channels=channels, seed=seed, difficulty="standard")
+    assert torch.equal(d.x_train, same.x_train) and torch.equal(d.x_test, same.x_test)
+    x = torch.cat([d.x_train, d.x_test]).double()
+    ramp = torch.linspace(0, 1, x[0].numel(), dtype=torch.float64).reshape(x[0].shape)
+    assert "".join(map(str, torch.cat([d.y_train, d.y_test]).tolist())) == labels
+    assert torch.allclose(x.sum((1, 2, 3)), torch.tensor(sums, dtype=torch.float64), atol=0.05)
+    assert torch.allclose((x * ramp).sum((1, 2, 3)), torch.tensor(ramp_sums, dtype=torch.float64), atol=0.05)
+
+
+def test_shapes_hard_is_another_balanced_deterministic_set():
+    a = data.shapes(200, seed=3, difficulty="hard")
+    b = data.shapes(200, seed=3, difficulty="hard")
+    standard = data.shapes(200, seed=3)
+    assert a.name == "shapes-hard" and standard.name == "shapes" and "shapes-hard" in repr(a)
+    assert torch.equal(a.x_train, b.x_train) and torch.equal(a.y_test, b.y_test)
+    # The same labels (drawn before any image), other images.
+    assert torch.equal(a.y_train, standard.y_train) and not torch.allclose(a.x_train, standard.x_train)
+    assert torch.bincount(a.y_train, minlength=10).tolist() == [16] * 10
+    assert torch.allclose(a.x_train.mean(dim=(0, 2, 3)), torch.zeros(1), atol=1e-4)
+    colour = data.shapes(100, size=32, channels=3, seed=1, difficulty="hard")
+    assert colour.x_train.shape == (80, 3, 32, 32) and torch.isfinite(colour.x_train).all()
+    d = data.load("shapes", train_size=40, num_samples=200, seed=3, difficulty="hard")
+    assert torch.equal(d.x_train, a.x_train[:40])
 
 
 def _train_and_test(model, d, epochs, lr=0.05, batch=32):

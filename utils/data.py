@@ -113,6 +113,33 @@ _MIN_CONTRAST = 0.3           # root-mean-square over channels of foreground - b
 _CHUNK = 2048                 # images rendered at once: bounds memory for large sets
 
 
+@dataclass(frozen=True)
+class _Difficulty:
+    """The knobs of one ``shapes(difficulty=...)`` setting (see the comments above _HARD).
+
+    The last six are zero (or off) in "standard": it then draws no random number for them,
+    so its images are the ones it drew before "hard" existed, bit for bit.
+    """
+    radius: tuple[float, float]
+    stroke: tuple[float, float]
+    n_distractors: int
+    noise: float
+    min_contrast: float
+    overlap: float = 0.0          # widens each class's free proportion towards its neighbours' looks
+    stretch: float = 1.0          # largest aspect ratio of the shape's stretch (1: none)
+    small_shapes: tuple[float, float] | None = None  # a distractor slot may hold a shape of this radius / size
+    occlusion: float = 0.0        # probability that a patch hides part of the shape
+    occluder: tuple[float, float] = (0.0, 0.0)      # the patch's half sides / the shape's radius
+    lighting: float = 0.0         # amplitude of a linear colour ramp over background and image
+
+
+_STANDARD = _Difficulty(_RADIUS, _STROKE, _N_DISTRACTORS, _NOISE, _MIN_CONTRAST)
+_HARD = _Difficulty(radius=(0.22, 0.42), stroke=(1.2, 4.0), n_distractors=4, noise=0.12, min_contrast=0.2,
+                    overlap=1.0, stretch=1.4, small_shapes=(0.1, 0.17), occlusion=0.5, occluder=(0.2, 0.45),
+                    lighting=0.5)
+_DIFFICULTIES = {"standard": _STANDARD, "hard": _HARD}
+
+
 def _box(u, v, a, b):
     """Signed distance to an axis-aligned rectangle with half sides a, b (negative inside)."""
     dx, dy = np.abs(u) - a, np.abs(v) - b
@@ -124,11 +151,13 @@ def _polygon(u, v, angles, apothem):
     return np.max([u * np.cos(a) + v * np.sin(a) for a in angles], axis=0) - apothem
 
 
-def _shape_distance(k, u, v, stroke, extra):
+def _shape_distance(k, u, v, stroke, extra, overlap=0.0):
     """Signed distance to shape ``k`` in the shape's own frame, where its radius is about 1.
 
     ``stroke`` is the outline width and ``extra`` a uniform [0, 1) number that sets each
     class's own free proportion (an ellipse's aspect, a bar's thickness, a star's depth).
+    ``overlap`` (0 to 1) widens those proportions' ranges towards other classes' looks: a
+    round ellipse, a thick bar, a shallow star, a fat cross.
     """
     name = SHAPE_NAMES[k]
     if name == "disc":
@@ -142,15 +171,15 @@ def _shape_distance(k, u, v, stroke, extra):
     if name == "triangle":
         return _polygon(u, v, (np.pi / 2, np.pi / 2 + 2 * np.pi / 3, np.pi / 2 + 4 * np.pi / 3), 0.55)
     if name == "cross":
-        w = 0.22 + 0.12 * extra
+        w = 0.22 + (0.12 + 0.16 * overlap) * extra
         return np.minimum(_box(u, v, 1.0, w), _box(u, v, w, 1.0))
     if name == "bar":
-        return _box(u, v, 1.0, 0.16 + 0.1 * extra)
+        return _box(u, v, 1.0, 0.16 + (0.1 + 0.2 * overlap) * extra)
     if name == "ellipse":
-        b = 0.45 + 0.2 * extra
+        b = 0.45 + (0.2 + 0.25 * overlap) * extra
         return (np.hypot(u, v / b) - 1) * b
     if name == "star":
-        inner = 0.4 + 0.1 * extra
+        inner = 0.4 + (0.1 + 0.25 * overlap) * extra
         sector = 2 * np.pi / 5
         folded = np.abs(np.mod(np.arctan2(v, u), sector) - sector / 2)  # 0 at a point, sector/2 between
         return np.hypot(u, v) - (1 - (1 - inner) * folded / (sector / 2))
@@ -169,74 +198,115 @@ def _segment_distance(x, y, x0, y0, x1, y1):
     return np.hypot(x - x0 - t * dx, y - y0 - t * dy)
 
 
-def _colours(rng, n, channels, reference=None):
-    """Random colours in [0, 1]; with ``reference``, at least _MIN_CONTRAST away from it."""
+def _colours(rng, n, channels, reference=None, min_contrast=_MIN_CONTRAST):
+    """Random colours in [0, 1]; with ``reference``, at least ``min_contrast`` away from it."""
     colours = rng.random((n, channels), dtype=np.float32)
     if reference is None:
         return colours
     while True:  # redraw the ones too close to the background: a few rounds at most
-        close = np.sqrt(((colours - reference) ** 2).mean(axis=1)) < _MIN_CONTRAST
+        close = np.sqrt(((colours - reference) ** 2).mean(axis=1)) < min_contrast
         if not close.any():
             return colours
         colours[close] = rng.random((int(close.sum()), channels), dtype=np.float32)
 
 
-def _render(labels, size, channels, rng):
+def _render(labels, size, channels, rng, knobs=_STANDARD):
     """Draw one image per label: float32 (n, channels, size, size) in [0, 1]."""
-    n = len(labels)
+    d = knobs
+    n, nd = len(labels), d.n_distractors
     scale = size / 28
     f = lambda *shape: rng.random(shape, dtype=np.float32)
     # Every random number is drawn here, before any rendering, so the images do not
-    # depend on _CHUNK.
-    radius = (_RADIUS[0] + (_RADIUS[1] - _RADIUS[0]) * f(n)) * size
+    # depend on _CHUNK. "standard" draws exactly these, in this order; the knobs that only
+    # "hard" turns on draw theirs after them.
+    radius = (d.radius[0] + (d.radius[1] - d.radius[0]) * f(n)) * size
     centre = radius[:, None] * 0.9 + f(n, 2) * (size - 1.8 * radius[:, None])  # mostly inside
     angle = 2 * np.pi * f(n)
-    stroke = (_STROKE[0] + (_STROKE[1] - _STROKE[0]) * f(n)) * scale
+    stroke = (d.stroke[0] + (d.stroke[1] - d.stroke[0]) * f(n)) * scale
     extra = f(n)
     background = _colours(rng, n, channels)
-    foreground = _colours(rng, n, channels, background)
-    kind = rng.integers(0, 3, size=(n, _N_DISTRACTORS))  # 0 none, 1 stroke, 2 blob
-    ends = f(n, _N_DISTRACTORS, 4) * size
-    blob = (0.8 + 1.2 * f(n, _N_DISTRACTORS)) * scale
-    width = (0.7 + 0.5 * f(n, _N_DISTRACTORS)) * scale
-    clutter = _colours(rng, n * _N_DISTRACTORS, channels, np.repeat(background, _N_DISTRACTORS, axis=0))
-    clutter = clutter.reshape(n, _N_DISTRACTORS, channels)
+    foreground = _colours(rng, n, channels, background, d.min_contrast)
+    # 0 none, 1 stroke, 2 blob (3 a small shape, with small_shapes)
+    kind = rng.integers(0, 4 if d.small_shapes else 3, size=(n, nd))
+    ends = f(n, nd, 4) * size
+    blob = (0.8 + 1.2 * f(n, nd)) * scale
+    width = (0.7 + 0.5 * f(n, nd)) * scale
+    clutter = _colours(rng, n * nd, channels, np.repeat(background, nd, axis=0), d.min_contrast)
+    clutter = clutter.reshape(n, nd, channels)
     noise_seed = int(rng.integers(2**63))
+    if d.stretch > 1:
+        aspect = np.exp(np.log(d.stretch) * (2 * f(n) - 1))  # log-uniform in [1/stretch, stretch]
+    if d.small_shapes:
+        small_class = rng.integers(0, len(SHAPE_NAMES), size=(n, nd))
+        small_radius = (d.small_shapes[0] + (d.small_shapes[1] - d.small_shapes[0]) * f(n, nd)) * size
+        small_angle = 2 * np.pi * f(n, nd)
+        small_extra = f(n, nd)
+    if d.occlusion:
+        occluded = f(n) < d.occlusion
+        occluder_centre = centre + (1.2 * f(n, 2) - 0.6) * radius[:, None]  # near the shape's centre
+        occluder_half = (d.occluder[0] + (d.occluder[1] - d.occluder[0]) * f(n, 2)) * radius[:, None]
+        occluder_colour = _colours(rng, n, channels)
+    if d.lighting:
+        light_angle = 2 * np.pi * f(n)
+        light = d.lighting * (2 * f(n, channels) - 1)  # per channel: a colour ramp, not only brightness
 
     grid = np.arange(size, dtype=np.float32) + 0.5
     x, y = grid[None, None, :], grid[None, :, None]
     images = np.empty((n, channels, size, size), dtype=np.float32)
     for start in range(0, n, _CHUNK):
         s = slice(start, start + _CHUNK)
-        img = np.broadcast_to(background[s, :, None, None], (len(labels[s]), channels, size, size)).copy()
+        m = len(labels[s])
+        img = np.broadcast_to(background[s, :, None, None], (m, channels, size, size)).copy()
+        if d.lighting:  # the background shades linearly across the image, in a random direction
+            ramp = ((x - size / 2) * np.cos(light_angle[s, None, None])
+                    + (y - size / 2) * np.sin(light_angle[s, None, None])) / size
+            img += light[s, :, None, None] * ramp[:, None]
         # Distractors first, the shape on top: its outline stays whole.
-        for j in range(_N_DISTRACTORS):
+        for j in range(nd):
             x0, y0, x1, y1 = (ends[s, j, i, None, None] for i in range(4))
             line = _segment_distance(x, y, x0, y0, x1, y1) - width[s, j, None, None] / 2
             dot = np.hypot(x - x0, y - y0) - blob[s, j, None, None]
             distance = np.where(kind[s, j, None, None] == 1, line, np.where(kind[s, j, None, None] == 2, dot, np.inf))
+            if d.small_shapes:  # a small shape of any class, centred on the stroke's first end
+                r = small_radius[s, j, None, None]
+                c, sn = np.cos(small_angle[s, j])[:, None, None], np.sin(small_angle[s, j])[:, None, None]
+                u, v = ((x - x0) * c + (y - y0) * sn) / r, (-(x - x0) * sn + (y - y0) * c) / r
+                small = np.full((m, size, size), np.inf, dtype=np.float32)
+                for k in range(len(SHAPE_NAMES)):
+                    i = np.flatnonzero((small_class[s, j] == k) & (kind[s, j] == 3))
+                    if len(i):
+                        small[i] = _shape_distance(k, u[i], v[i], 0.3, small_extra[s, j][i, None, None],
+                                                   d.overlap) * r[i]
+                distance = np.where(kind[s, j, None, None] == 3, small, distance)
             alpha = np.clip(0.5 - distance, 0, 1)[:, None]  # one-pixel anti-aliased edge
             img += alpha * (clutter[s, j, :, None, None] - img)
         r = radius[s, None, None]
         c, sn = np.cos(angle[s])[:, None, None], np.sin(angle[s])[:, None, None]
         dx, dy = x - centre[s, 0, None, None], y - centre[s, 1, None, None]
         u, v = (dx * c + dy * sn) / r, (-dx * sn + dy * c) / r  # the shape's own frame, radius 1
-        distance = np.empty((len(labels[s]), size, size), dtype=np.float32)
+        if d.stretch > 1:  # one axis longer, the other shorter: the area stays the same
+            u, v = u / aspect[s, None, None], v * aspect[s, None, None]
+        distance = np.empty((m, size, size), dtype=np.float32)
         for k in range(len(SHAPE_NAMES)):
             i = np.flatnonzero(labels[s] == k)
             if len(i):
                 # Distances come back in units of the radius; times r, in pixels.
                 distance[i] = _shape_distance(k, u[i], v[i], stroke[s][i, None, None] / r[i],
-                                              extra[s][i, None, None]) * r[i]
+                                              extra[s][i, None, None], d.overlap) * r[i]
         alpha = np.clip(0.5 - distance, 0, 1)[:, None]
         img += alpha * (foreground[s, :, None, None] - img)
+        if d.occlusion:  # an axis-aligned patch over part of the shape, in a colour of its own
+            patch = _box(x - occluder_centre[s, 0, None, None], y - occluder_centre[s, 1, None, None],
+                         occluder_half[s, 0, None, None], occluder_half[s, 1, None, None])
+            alpha = (np.clip(0.5 - patch, 0, 1) * occluded[s, None, None])[:, None]
+            img += alpha * (occluder_colour[s, :, None, None] - img)
         images[s] = img
     noise = np.random.default_rng(noise_seed).standard_normal(images.shape, dtype=np.float32)
-    return np.clip(images + _NOISE * noise, 0, 1)
+    return np.clip(images + d.noise * noise, 0, 1)
 
 
 def shapes(num_samples: int = 12000, size: int = 28, channels: int = 1, test_fraction: float = 0.2,
-           seed: int = 0) -> Dataset:
+           seed: int = 0, difficulty: str = "standard") -> Dataset:
     """Ten classes of shapes (``SHAPE_NAMES``) drawn with numpy: no download, no files.
 
     Each image holds one shape (a filled disc, ring, filled square, square frame, triangle,
@@ -254,8 +324,18 @@ def shapes(num_samples: int = 12000, size: int = 28, channels: int = 1, test_fra
     Pixels are standardised per channel with the training split's mean and std, as the
     torchvision sets are. The same arguments give the same images on every machine.
     12000 grey 28x28 images take about a second on one core, colour 32x32 ones about 2.5 s.
+
+    ``difficulty="hard"`` draws a set on which the CNN plateaus well below 100% (the comment
+    above ``_HARD`` gives the measurements): up to four distractors, some of them small shapes
+    of any class; the shape stretched along one axis, sometimes partly hidden by a patch; a
+    colour ramp across the background; lower contrast and more noise; and classes whose looks
+    overlap (a round ellipse and a stretched disc, a thick bar and a thin ellipse, a shallow star,
+    a fat cross, a thick ring). It takes about three times as long to draw. "standard", the
+    default, gives the images it always gave.
     """
     n_classes = len(SHAPE_NAMES)
+    if not isinstance(difficulty, str) or difficulty not in _DIFFICULTIES:
+        raise ValueError(f"difficulty must be one of {', '.join(map(repr, _DIFFICULTIES))}, got {difficulty!r}")
     for name, value, low in (("num_samples", num_samples, n_classes), ("size", size, 8), ("channels", channels, 1)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
             raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}")
@@ -274,12 +354,13 @@ def shapes(num_samples: int = 12000, size: int = 28, channels: int = 1, test_fra
     blocks = lambda count: rng.permuted(np.tile(np.arange(n_classes), (count, 1)), axis=1).ravel()
     n_test = test_per_class * n_classes
     labels = np.concatenate([blocks(per_class - test_per_class), blocks(test_per_class)])
-    images = torch.from_numpy(_render(labels, int(size), int(channels), rng))
+    images = torch.from_numpy(_render(labels, int(size), int(channels), rng, _DIFFICULTIES[difficulty]))
     y = torch.from_numpy(labels).long()
     x_train, x_test = images[:-n_test], images[-n_test:]
     mean = x_train.mean(dim=(0, 2, 3), keepdim=True)
     std = x_train.std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
-    return Dataset("shapes", (x_train - mean) / std, y[:-n_test], (x_test - mean) / std, y[-n_test:], n_classes)
+    name = "shapes" if difficulty == "standard" else f"shapes-{difficulty}"
+    return Dataset(name, (x_train - mean) / std, y[:-n_test], (x_test - mean) / std, y[-n_test:], n_classes)
 
 
 # --- torchvision image sets ------------------------------------------------------------
