@@ -212,6 +212,8 @@ PermitRootLogin prohibit-password
 StrictModes no
 UsePAM no
 PidFile {folder / f"sshd_{host.name}.pid"}
+# Sessions get the suite's home (tests/conftest.py), not the user's real one: what they write stays there.
+SetEnv HOME={os.environ["HOME"]}
 Subsystem sftp internal-sftp
 """)
     host.log = folder / f"sshd_{host.name}.log"

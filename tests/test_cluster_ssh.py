@@ -79,6 +79,8 @@ PermitRootLogin {"prohibit-password" if os.geteuid() == 0 else "no"}
 StrictModes no
 UsePAM no
 PidFile {tmp_path / "sshd.pid"}
+# Sessions get the suite's home (tests/conftest.py), not the user's real one: what they write stays there.
+SetEnv HOME={os.environ["HOME"]}
 # scp uses the sftp protocol (OpenSSH 9)
 Subsystem sftp internal-sftp
 """)

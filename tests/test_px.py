@@ -57,7 +57,7 @@ def test_a_lost_engine_comes_first():
               _error(0, "RuntimeError", "Connection closed by peer", "")]
     text = px.describe_errors(errors, {0: 0, 1: 1}, ["a", "b"], 2)
     assert text.splitlines()[0].startswith("rank(s) [1] lost"), text
-    assert "rank 0: RuntimeError: Connection closed by peer" in text
+    assert "rank 1 on b: its engine died" in text and "rank 0: RuntimeError: Connection closed by peer" in text
 
 
 @pytest.mark.parametrize("ranks, n, expected", [([2], 4, "rank 2"), ([0, 1], 2, "ranks 0 and 1 (every rank)"),

@@ -315,6 +315,11 @@ def start(n: int = 2, *, backend: str | None = None, engines: str = "local", tim
         # session has no venv on PATH) and lacks ipyparallel: the engines' machines share this
         # file system and Python environment, so use this interpreter unless told otherwise.
         cluster.config.SSHEngineSetLauncher.remote_python = sys.executable
+        # The same profile folder on every machine, by its full path: ipyparallel's default, the
+        # path relative to the home folder, is another folder where the ssh session's home differs
+        # from this process's (another user, or the test suite's own home), and files were left there.
+        cluster.config.SSHEngineSetLauncher.remote_profile_dir = cluster.profile_dir
+        cluster.config.SSHEngineSetLauncher.environment = {"IPYTHONDIR": os.path.dirname(cluster.profile_dir)}
     for launcher, settings in (launcher_config or {}).items():
         for name, value in settings.items():
             setattr(getattr(cluster.config, launcher), name, value)

@@ -78,16 +78,18 @@ def describe_errors(errors, rank_of_engine: dict, hosts: list, n: int, cell_numb
     that closed its connection) follow from them.
     """
     groups: dict[tuple, list] = {}
-    lost = []
+    lost, parts = [], []
     for ename, evalue, traceback, info in errors:
         rank = rank_of_engine.get((info or {}).get("engine_id"))
         died = re.match(r"Engine (\d+) died", str(evalue)) if ename == "EngineError" else None
         if died:  # the controller gave up on the engine (its process or its host is gone)
-            lost.append(rank_of_engine.get(int(died.group(1))))
+            rank = rank_of_engine.get(int(died.group(1)))
+            lost.append(rank)
+            where = f" on {hosts[rank]}" if rank is not None and rank < len(hosts) else ""
+            parts.append((rank if rank is not None else n, f"rank {rank}{where}: its engine died"))
             continue
         key = (ename, str(evalue), _notebook_traceback(traceback, cell_number))
         groups.setdefault(key, []).append(rank if rank is not None else n)
-    parts = []
     for (ename, evalue, trace), ranks in groups.items():
         known = [r for r in ranks if r < n]
         who = rank_list(known, n) if known else "an engine (it died or was stopped)"
@@ -97,10 +99,8 @@ def describe_errors(errors, rank_of_engine: dict, hosts: list, n: int, cell_numb
     head = []
     if lost:
         known = sorted(r for r in lost if r is not None)
-        where = sorted({hosts[r] for r in known if r < len(hosts)})
-        head = [f"rank(s) {known} lost: their engines died or their host went away"
-                + (f" ({', '.join(where)})" if len(where) > 1 else "")
-                + ". Restart the cluster: cluster.stop(); cluster.start(...)"]
+        head = [f"rank(s) {known} lost: their engines died or their host went away. "
+                f"Restart the cluster: cluster.stop(); cluster.start(...)"]
     return "\n".join(head + [text for _, text in sorted(parts, key=lambda part: part[0])])
 
 
