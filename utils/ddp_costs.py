@@ -53,7 +53,7 @@ def _buckets_launched(cfg: dict, x, y, group, device) -> list[int]:
     """Bytes of each bucket DDP all-reduces in one step, in launch order, seen by a communication hook.
 
     The step measured is the second: in the first, DDP puts every gradient in one bucket while it
-    records the order they arrive in, then rebuilds its buckets (1 MiB first, then bucket_cap_mb).
+    records the order they arrive in, then rebuilds its buckets (at its default cap, 1 MiB first and 25 MiB after).
     """
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -132,7 +132,7 @@ def one_process_ms(cfg: dict, batch: int, *, warmup: int = 3, repeats: int = 10)
     return statistics.median(times)
 
 
-def predict(grad_bytes: list[int], ks, alpha: float, beta: float, bucket_cap_mb: float = 25.0) -> dict:
+def predict(grad_bytes: list[int], ks, alpha: float, beta: float, bucket_cap_mb: float | None = None) -> dict:
     """Per k: DDP's buckets (bytes, launch order) and the ms they take to all-reduce if nothing overlaps."""
     buckets = ddp_bucket_bytes(grad_bytes, bucket_cap_mb)
     return {k: dict(buckets=buckets,

@@ -20,17 +20,23 @@ from torch.nn.parallel import DistributedDataParallel
 from .collectives import ring_all_reduce_seconds
 
 FIRST_BUCKET_BYTES = 2 ** 20    # DDP's first bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
+DEFAULT_CAP_MB = 25             # DDP's bucket_cap_mb when none is given (MiB: torch's _MB_TO_BYTES is 2**20)
 
 
-def ddp_bucket_bytes(param_bytes, bucket_cap_mb: float = 25.0) -> list[int]:
+def ddp_bucket_bytes(param_bytes, bucket_cap_mb: float | None = None) -> list[int]:
     """Sizes of DDP's gradient buckets, in the order they are all-reduced.
 
     ``param_bytes``: each parameter's gradient size, in the order backward produces them (the last
-    layer first). A bucket is closed as soon as it holds at least its limit: 1 MiB for the first,
-    ``bucket_cap_mb`` MiB after it (torch's ``_compute_bucket_assignment_by_size``, as DDP uses it
-    once it has rebuilt its buckets after the first step).
+    layer first). A bucket is closed as soon as it holds at least its limit. With ``bucket_cap_mb``
+    left at None (DDP's default) the first bucket's limit is 1 MiB and every later one's 25 MiB; a
+    cap given is every bucket's limit, the first one's too (``_BucketCapacityConfig`` in
+    torch/nn/parallel/distributed.py), as DDP applies them once it has rebuilt its buckets after the
+    first step. Lab 06 has learners write it; tests/test_scaling.py compares it with a real DDP.
     """
-    limits = [FIRST_BUCKET_BYTES, int(bucket_cap_mb * 2 ** 20)]
+    if bucket_cap_mb is None:
+        limits = [FIRST_BUCKET_BYTES, DEFAULT_CAP_MB * 2 ** 20]
+    else:
+        limits = [int(bucket_cap_mb * 2 ** 20)] * 2
     buckets, size = [], 0
     for nbytes in param_bytes:
         size += nbytes
@@ -41,7 +47,7 @@ def ddp_bucket_bytes(param_bytes, bucket_cap_mb: float = 25.0) -> list[int]:
 
 
 def predicted_comm_seconds(param_bytes, world_size: int, alpha: float, beta: float,
-                           bucket_cap_mb: float = 25.0) -> float:
+                           bucket_cap_mb: float | None = None) -> float:
     """Seconds of all-reduce in one DDP step if no bucket overlapped with anything: the sum over
     buckets of the ring's ``2(p-1) alpha + 2(p-1)/p n beta``."""
     return sum(ring_all_reduce_seconds(n, world_size, alpha, beta) for n in ddp_bucket_bytes(param_bytes, bucket_cap_mb))
