@@ -6,11 +6,18 @@
 
 The script defines ``rank``, ``world_size`` and ``device`` as globals, exactly as
 ``utils.cluster`` does on the engines, so code written for ``%%px`` cells runs unchanged.
+``run`` runs a script (or module) under ``torchrun`` on this machine, as lab 06 and its check do.
 """
 from __future__ import annotations
 
 import inspect
+import os
+import signal
+import subprocess
+import sys
 import textwrap
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 _HEADER = '''#!/usr/bin/env python
@@ -82,3 +89,36 @@ def torchrun_script(path, *code, call: str, imports: str = "", timeout: float = 
     compile(text, str(path), "exec")
     path.write_text(text)
     return path
+
+
+@dataclass
+class JobResult:
+    code: int | None        # the exit status; None when the job ran past its time limit and was killed
+    output: str             # stdout and stderr together, in the order the processes wrote them
+    seconds: float          # wall time, starting Python and importing torch included
+
+
+def run(program: list, nproc: int | None = None, *, cwd, threads: int | None = None, env: dict | None = None,
+        timeout: float = 1800) -> JobResult:
+    """Run ``python *program`` (a script and its arguments, or ``-m module ...``), under ``torchrun
+    --standalone --nproc-per-node=nproc`` unless ``nproc`` is None.
+
+    ``threads``: torch threads per process (OMP_NUM_THREADS), so that the processes share the cores
+    instead of fighting for them. ``env``: extra environment variables. A job past ``timeout``
+    seconds is killed with every process it started (they share one process group)."""
+    launcher = [sys.executable] if nproc is None else [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                                        f"--nproc-per-node={nproc}"]
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    if threads is not None:
+        environment["OMP_NUM_THREADS"] = str(threads)
+    start = time.perf_counter()
+    process = subprocess.Popen(launcher + [str(part) for part in program], cwd=cwd, env=environment,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+        code = process.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        code = None
+    return JobResult(code, output, time.perf_counter() - start)

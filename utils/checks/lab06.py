@@ -19,12 +19,8 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import random
 import re
-import signal
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -32,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from . import Incorrect, NotSolved, exercise, expect, hint_for
+from .. import export
 from .job_probe import INJECTED
 
 # The tiny problem the check trains: sizes that do not divide evenly (padding, a short last batch).
@@ -86,24 +83,14 @@ def job_arguments(out: Path, **changes) -> list[str]:
 def run_job(script: Path, nproc: int, workdir: Path, *, fail_at: int = 0, timeout: float = TIME_LIMIT_S):
     """Run ``script`` under torchrun and the probe; return (exit code or None on timeout, output, records)."""
     probe = workdir / "probe"
-    env = {**os.environ, "COURSE_PROBE_DIR": str(probe), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           "COURSE_PROBE_FAIL_AT": str(fail_at)}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "utils.checks.job_probe", str(script), *job_arguments(workdir / "out")]
-    process = subprocess.Popen(command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=timeout)
-        code = process.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)   # torchrun and every rank: one process group
-        output, _ = process.communicate()
-        code = None
+    result = export.run(["-m", "utils.checks.job_probe", script, *job_arguments(workdir / "out")], nproc, cwd=workdir,
+                        threads=1, env={"COURSE_PROBE_DIR": str(probe), "COURSE_PROBE_FAIL_AT": str(fail_at)},
+                        timeout=timeout)
     records = {}
     for path in probe.glob("rank*.json"):
         record = json.loads(path.read_text())
         records[int(record["rank"])] = record
-    return code, output, records
+    return result.code, result.output, records
 
 
 # --- the reference: one process on the same global batches ----------------------------------------
