@@ -50,6 +50,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 RESULTS = ROOT / "benchmarks" / "results" / "assessment_strategies.json"
 STRATEGIES = ("none", "sqrt", "linear", "linear+warmup")
+# The peak learning rate's factor over BASE_LR, for a batch SCALE times the baseline's; a name
+# "<scaling>+warmup" ramps up to it. "half-linear" is not in the default set: --strategies adds it.
+SCALINGS = {"none": lambda scale: 1.0, "sqrt": math.sqrt, "linear": float, "half-linear": lambda scale: scale / 2}
 
 # The full run's settings, chosen on the 2-core machine (benchmarks/README.md says how).
 FULL = dict(difficulty="hard", train_size=9600, test_size=2400, scale=16, epochs=20, warmup_epochs=6,
@@ -61,15 +64,14 @@ QUICK = dict(difficulty="hard", train_size=640, test_size=200, scale=4, epochs=3
 
 def learning_rate(strategy: str, step: int, base_lr: float, scale: int, warmup_steps: int) -> float:
     """The learning rate of ``strategy`` at optimizer step ``step`` (0 = the first)."""
-    if strategy == "baseline" or strategy == "none":
+    if strategy == "baseline":
         return base_lr
-    if strategy == "sqrt":
-        return base_lr * math.sqrt(scale)
-    if strategy == "linear":
-        return base_lr * scale
-    if strategy == "linear+warmup":
-        return base_lr * scale * min(1.0, (step + 1) / max(1, warmup_steps))
-    raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    scaling, warmup = strategy.removesuffix("+warmup"), strategy.endswith("+warmup")
+    if scaling not in SCALINGS:
+        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(SCALINGS)}, each with or "
+                         f"without '+warmup'")
+    ramp = min(1.0, (step + 1) / max(1, warmup_steps)) if warmup else 1.0
+    return base_lr * SCALINGS[scaling](scale) * ramp
 
 
 def reached(accuracies: list[float], target: float) -> bool:
@@ -172,7 +174,7 @@ def summary(runs: list[dict], target: float, lr: float) -> dict:
                 curves=[r["accuracy"] for r in runs])
 
 
-def measure(options: dict, jobs: int, progress=print) -> dict:
+def measure(options: dict, jobs: int, progress=print, strategies=STRATEGIES, first_seed: int = 0) -> dict:
     from assessment import settings as assessment
 
     settings = dict(options)
@@ -184,8 +186,9 @@ def measure(options: dict, jobs: int, progress=print) -> dict:
     settings["steps_per_epoch"] = settings["train_size"] // settings["global_batch"]
     settings["warmup_steps"] = round(settings["warmup_epochs"] * settings["steps_per_epoch"])
     # The slowest runs (batch 32) first, so that no worker is left alone with one at the end.
-    tasks = [("baseline", seed, settings) for seed in range(baseline_seeds)]
-    tasks += [(strategy, seed, settings) for seed in range(seeds) for strategy in STRATEGIES]
+    seed_list = list(range(first_seed, first_seed + seeds))
+    tasks = [("baseline", seed, settings) for seed in seed_list[:baseline_seeds]]
+    tasks += [(strategy, seed, settings) for seed in seed_list for strategy in strategies]
     start = time.perf_counter()
     runs = []
     context = multiprocessing.get_context("spawn")  # no fork of a process with torch's threads running
@@ -202,10 +205,10 @@ def measure(options: dict, jobs: int, progress=print) -> dict:
     return {"machine": machine_name(), "date": datetime.date.today().isoformat(), "target": target,
             "rule": "passed: test accuracy at or above the target at two per-epoch evaluations in a row; "
                     "held_at_end: at the last two",
-            "settings": dict(settings, seeds=list(range(seeds)), jobs=jobs, threads_per_run=1,
+            "settings": dict(settings, seeds=seed_list, jobs=jobs, threads_per_run=1,
                              model="utils.models.CNN", optimizer="SGD with momentum, constant lr after warm-up"),
             "strategies": {name: summary([r for r in runs if r["strategy"] == name], target, lr_of(name))
-                           for name in STRATEGIES},
+                           for name in strategies},
             "baseline": summary([r for r in runs if r["strategy"] == "baseline"], target, settings["base_lr"]),
             "wall_s": round(wall, 1), "details": machine.describe()}
 
@@ -216,12 +219,14 @@ def table(report: dict) -> str:
     lines = [f"{report['machine']}, {report['date']}: hard shapes ({s['train_size']} train / {s['test_size']} test), "
              f"global batch {s['global_batch']} ({s['scale']}x the baseline's {s['base_batch']}), {s['epochs']} epochs "
              f"({s['steps_per_epoch']} steps each), warm-up {s['warmup_steps']} steps; target {report['target']:.2f} "
-             f"at two evaluations in a row; {report['wall_s'] / 60:.1f} min in all on {s['jobs']} worker(s).", "",
+             f"at two evaluations in a row; seeds {s['seeds'][0]}-{s['seeds'][-1]}; "
+             f"{report['wall_s'] / 60:.1f} min in all on {s['jobs']} worker(s).", "",
              "| strategy | lr | reached the target | held at the end | diverged | final accuracy per seed "
              "| best per seed |",
              "|---|---|---|---|---|---|---|"]
     rows = [(name, report["strategies"][name]) for name in report["strategies"]]
-    rows.append((f"baseline (batch {s['base_batch']})", report["baseline"]))
+    if report["baseline"]["seeds"]:
+        rows.append((f"baseline (batch {s['base_batch']})", report["baseline"]))
     for name, r in rows:
         fmt = lambda values: ", ".join(f"{v:.3f}" for v in values)
         lines.append(f"| {name} | {r['lr']:g} | {r['passed']} / {r['seeds']} | {r['held_at_end']} / {r['seeds']} "
@@ -234,6 +239,10 @@ def main(argv=None) -> None:
     parser.add_argument("--quick", action="store_true", help="a few hundred images: checks the code, not the design")
     parser.add_argument("--seeds", type=int, help="seeds per strategy (full: 3)")
     parser.add_argument("--epochs", type=int)
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed, first-seed + 1, ... (default 0)")
+    parser.add_argument("--baseline-seeds", type=int, help="seeds of the batch-32 baseline (full: 1; 0: none)")
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), metavar="NAME",
+                        help=f"default: {' '.join(STRATEGIES)}; also half-linear, and any of them with +warmup")
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="worker processes (default: the cores)")
     parser.add_argument("--json", metavar="PATH", help=f"where to write the results (full mode: {RESULTS})")
     parser.add_argument("--table", nargs="?", const=str(RESULTS), metavar="PATH",
@@ -243,12 +252,15 @@ def main(argv=None) -> None:
         print(table(json.loads(Path(args.table).read_text())))
         return
     options = dict(QUICK if args.quick else FULL)
-    for name in ("seeds", "epochs"):
+    for name in ("seeds", "epochs", "baseline_seeds"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
     path = args.json or (None if args.quick else str(RESULTS))
     print(f"{machine_name()}; {options}; {args.jobs} worker(s)", flush=True)
-    report = measure(options, args.jobs, progress=lambda line: print(line, flush=True))
+    for name in args.strategies:
+        learning_rate(name, 0, 1.0, 1, 1)  # an unknown name fails here, before any run
+    report = measure(options, args.jobs, progress=lambda line: print(line, flush=True), strategies=args.strategies,
+                     first_seed=args.first_seed)
     report["settings"]["quick"] = args.quick
     print(table(report))
     if path:

@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from notebook_runner import ROOT
 
 STRATEGIES = ["none", "sqrt", "linear", "linear+warmup"]
@@ -49,3 +51,6 @@ def test_reached_needs_two_evaluations_in_a_row():
     assert abs(learning_rate("sqrt", 0, 0.02, 16, 10) - 0.08) < 1e-12
     assert abs(learning_rate("linear+warmup", 4, 0.02, 16, 10) - 0.16) < 1e-12
     assert learning_rate("linear+warmup", 50, 0.02, 16, 10) == 0.32
+    assert learning_rate("half-linear", 0, 0.02, 16, 10) == 0.16 and learning_rate("baseline", 0, 0.02, 16, 10) == 0.02
+    with pytest.raises(ValueError, match="unknown strategy 'cosine'"):
+        learning_rate("cosine", 0, 0.02, 16, 10)
