@@ -54,3 +54,14 @@ def test_reached_needs_two_evaluations_in_a_row():
     assert learning_rate("half-linear", 0, 0.02, 16, 10) == 0.16 and learning_rate("baseline", 0, 0.02, 16, 10) == 0.02
     with pytest.raises(ValueError, match="unknown strategy 'cosine'"):
         learning_rate("cosine", 0, 0.02, 16, 10)
+
+
+def test_readme_tables_are_printed_from_the_results_files():
+    # The README's tables are the script's --table output, pasted whole: no number typed by hand.
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_assessment_strategies import RESULTS, table
+
+    readme = (ROOT / "benchmarks" / "README.md").read_text()
+    for path in (RESULTS, RESULTS.with_name("assessment_strategies_seeds3-5.json")):
+        assert table(json.loads(path.read_text())) in readme, \
+            f"benchmarks/README.md's table for {path.name} differs: paste bench_assessment_strategies.py --table {path}"
