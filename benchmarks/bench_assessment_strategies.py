@@ -30,6 +30,9 @@ and ``--table`` prints the README's table from that file.
     .venv/bin/python benchmarks/bench_assessment_strategies.py [--seeds 3] [--jobs N] [--json PATH]
     .venv/bin/python benchmarks/bench_assessment_strategies.py --quick --json /tmp/q.json   # well under a minute
     .venv/bin/python benchmarks/bench_assessment_strategies.py --table [PATH]
+    # fresh seeds, another strategy: the README's second table
+    .venv/bin/python benchmarks/bench_assessment_strategies.py --first-seed 3 --baseline-seeds 0 \
+        --strategies none sqrt linear linear+warmup half-linear --json benchmarks/results/assessment_strategies_seeds3-5.json
 """
 from __future__ import annotations
 
