@@ -4,49 +4,25 @@ Taught in lab 04 (section 4).
 ``time_ddp_steps`` runs on every engine at once. For each k = 1 .. world size, on ranks 0 .. k-1
 together (the others wait at a barrier), it times a DDP step on a subgroup of k ranks, the same step
 on the bare model (the computation alone: no hooks, no all-reduce) and one all-reduce of a tensor as
-large as all the gradients, and it records the buckets DDP all-reduces in a step (a communication hook
+large as all the gradients (with ``utils.scaling``'s ``on_subgroups``, ``ddp_step_ms`` and
+``median_ms``, which time lab 06's scaling too), and it records the buckets DDP all-reduces in a step (a communication hook
 that notes each bucket's size). ``one_process_ms`` times the alternative in the notebook: one process
 computing the same global batch. ``predict`` gives each step's buckets and all-reduce time from lab
 03's alpha-beta model (``utils.scaling``, which lab 06 uses too).
 """
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from . import models
-from .scaling import ddp_bucket_bytes, predicted_comm_seconds
+from .scaling import ddp_bucket_bytes, ddp_step_ms, median_ms, on_subgroups, predicted_comm_seconds, train_step
 
 
 def gradient_bytes(model: torch.nn.Module) -> list[int]:
     """Each trainable parameter's gradient size in bytes, in the order backward produces them (last layer first)."""
     return [q.numel() * q.element_size() for q in reversed(list(model.parameters())) if q.requires_grad]
-
-
-def _median_ms(fn, group, device, warmup: int, repeats: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        dist.barrier(group=group)                    # start together: a collective waits for the slowest
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)           # CUDA work is asynchronous: wait before reading the clock
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
-def _step(model, optimizer, x, y) -> None:
-    loss = F.cross_entropy(model(x), y)
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
 
 
 def _buckets_launched(cfg: dict, x, y, group, device) -> list[int]:
@@ -69,9 +45,9 @@ def _buckets_launched(cfg: dict, x, y, group, device) -> list[int]:
 
     ddp.register_comm_hook(group, noting_hook)
     optimizer = torch.optim.SGD(net.parameters(), lr=1e-3)
-    _step(ddp, optimizer, x, y)
+    train_step(ddp, optimizer, x, y)
     sizes.clear()
-    _step(ddp, optimizer, x, y)
+    train_step(ddp, optimizer, x, y)
     return sizes
 
 
@@ -82,29 +58,25 @@ def time_ddp_steps(workloads: dict, per_rank_batch: int, device, *, warmup: int 
     Times are this rank's medians; a step of k ranks is as slow as the slowest, so take the maximum
     over ranks (``slowest``). Every rank must call it, with the same arguments.
     """
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    groups = {k: dist.new_group(list(range(k))) for k in range(1, world_size + 1)}   # every rank, same order
-    timings = {}
-    for name, cfg in workloads.items():
-        g = torch.Generator().manual_seed(rank)
-        x = torch.randn(per_rank_batch, cfg["d_in"], generator=g).to(device)
-        y = torch.randint(0, cfg["n_classes"], (per_rank_batch,), generator=g).to(device)
-        for k, group in groups.items():
-            if rank < k:
-                torch.manual_seed(0)
-                net = models.MLP(**cfg).to(device)
-                wrapped = DistributedDataParallel(net, process_group=group,
-                                                  device_ids=[device] if device.type == "cuda" else None)
-                optimizer = torch.optim.SGD(net.parameters(), lr=1e-3)
-                grads = torch.zeros(sum(q.numel() for q in net.parameters()), device=device)
-                timings[(name, k)] = dict(
-                    ddp=_median_ms(lambda: _step(wrapped, optimizer, x, y), group, device, warmup, repeats),
-                    compute=_median_ms(lambda: _step(net, optimizer, x, y), group, device, warmup, repeats),
-                    all_reduce=_median_ms(lambda: dist.all_reduce(grads, group=group), group, device, warmup, repeats),
-                    grad_bytes=gradient_bytes(net),
-                    buckets=_buckets_launched(cfg, x, y, group, device))
-            dist.barrier()                               # the ranks outside the group wait here
-    return timings
+    rank = dist.get_rank()
+
+    def measure(k, group):
+        timings = {}
+        for name, cfg in workloads.items():
+            g = torch.Generator().manual_seed(rank)
+            x = torch.randn(per_rank_batch, cfg["d_in"], generator=g).to(device)
+            y = torch.randint(0, cfg["n_classes"], (per_rank_batch,), generator=g).to(device)
+            torch.manual_seed(0)
+            net = models.MLP(**cfg).to(device)
+            grads = torch.zeros(sum(q.numel() for q in net.parameters()), device=device)
+            timings[name] = dict(**ddp_step_ms(net, x, y, group, device, warmup=warmup, repeats=repeats),
+                                 all_reduce=median_ms(lambda: dist.all_reduce(grads, group=group), device,
+                                                      group=group, warmup=warmup, repeats=repeats),
+                                 grad_bytes=gradient_bytes(net),
+                                 buckets=_buckets_launched(cfg, x, y, group, device))
+        return timings
+
+    return on_subgroups(measure)
 
 
 def slowest(per_rank: list[dict]) -> dict:
@@ -122,14 +94,7 @@ def one_process_ms(cfg: dict, batch: int, *, warmup: int = 3, repeats: int = 10)
     net = models.MLP(**cfg)
     x, y = torch.randn(batch, cfg["d_in"]), torch.randint(0, cfg["n_classes"], (batch,))
     optimizer = torch.optim.SGD(net.parameters(), lr=1e-3)
-    for _ in range(warmup):
-        _step(net, optimizer, x, y)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        _step(net, optimizer, x, y)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    return median_ms(lambda: train_step(net, optimizer, x, y), "cpu", warmup=warmup, repeats=repeats)
 
 
 def predict(grad_bytes: list[int], ks, alpha: float, beta: float, bucket_cap_mb: float | None = None) -> dict:
