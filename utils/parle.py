@@ -14,11 +14,23 @@ at the last synchronisation, an exponential average z of its weights and two mom
     scoping: gamma_t = min(gamma * (1 + scoping)^(t // L), 1), rho_t = min(rho * (1 + scoping)^(t // L), 10)
 
 with t the number of steps taken. The master, the average of the replicas' x, is the model the
-original evaluates (``master``). Special cases (tests/test_parle.py checks each step for step):
-n = 1, L = 1, gamma = rho = 0 is torch.optim.SGD with the same (Nesterov) momentum; L = 1,
-gamma = 0 is Elastic-SGD (Zhang, Choromanska and LeCun 2015); n = 1, rho = 0 is Entropy-SGD.
+original evaluates (``master``).
 
-Where this differs from the original, and why:
+Special cases, each with its exact conditions (tests/test_parle.py compares each with an
+independent implementation written from its paper):
+  * n = 1, L = 1, gamma = rho = 0 is torch.optim.SGD with the same momentum (Nesterov or not).
+  * n = 1, rho = 0 is *not* Entropy-SGD in general. Entropy-SGD (Chaudhari et al. 2017, Algorithm 1)
+    restarts its inner iterate and its average from x every round and moves x from x; this update
+    (like the original) never restarts z and moves x from the end of the inner loop
+    (without momentum: x <- y_L - lr * gamma * (x - z)). Only with momentum 0 and alpha = 0 (z = y_L) is it Entropy-SGD
+    without noise, whose average is its last inner iterate, with inner step lr and outer step
+    lr + 1 / gamma.
+  * L = 1, gamma = 0 is *not* Elastic-SGD (Zhang, Choromanska and LeCun 2015): the replicas are
+    pulled towards the mean of their z recomputed at every synchronisation, after their gradient
+    steps, where Elastic-SGD keeps a centre variable with an elastic update of its own. Only with
+    rho = 0 too do both reduce to n independent SGD runs.
+
+Where this differs from the original code (``parle_mpi.py``), and why:
   * Bug fixed: the original advances its step counter t inside its loop over parameter tensors,
     so t grows by the number of tensors per step and the scoping schedule runs that many times
     too fast (14 times for its LeNet). Here t grows once per step.
@@ -27,11 +39,21 @@ Where this differs from the original, and why:
     of workers (the size of the process group, or of the list in ``simulate``).
   * Nesterov momentum as torch.optim.SGD computes it (g + momentum * buffer); the original adds
     the buffer itself (g + buffer), which is not Nesterov's method and is not plain SGD at n = 1.
-  * At synchronisation the original weighs (x - z) by 1 whatever gamma; here by gamma_t, as in
-    local entropy's gradient gamma * (x - <y>), so that gamma = 0 switches the proximal coupling
-    off in both places (which the SGD and Elastic-SGD special cases need).
+    For a constant gradient g and momentum 0.9 the original steps 11 g, this one 10 g, per lr.
+  * At synchronisation the original weighs (x - z) by 1 whatever gamma; here by gamma_t, so that
+    gamma = 0 switches the proximal coupling off in both places (which the SGD special case
+    needs). With the default gamma = 0.01 the pull of x towards z is 100 times weaker here.
   * ``rho`` is the coefficient itself; the original multiplies its --rho flag by L * n (pass
     rho = flag * L * n to reproduce it). ``scoping`` is its 0.5 / (mini-batches per epoch).
+  * One all-reduce of the z's per synchronisation; the master is computed only when asked for
+    (``master``). The original does two Reduce + Bcast rounds per synchronisation (the mean of
+    the z's, then the master) and also averages the training loss.
+  * The caller sets the start, the learning rate and the number of steps. The original seeds each
+    replica differently (so the replicas start apart), runs 5 "epochs" of len(loader) rounds of L
+    mini-batches each (one of its epochs is L passes over the training set) and divides lr by 10
+    after each; ``train_parle`` keeps lr constant.
+  * Evaluation: the original loads the master and recomputes BatchNorm's statistics with a pass
+    over the training set; ``train_parle`` averages the replicas' BatchNorm statistics instead.
 """
 from __future__ import annotations
 
