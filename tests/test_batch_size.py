@@ -170,3 +170,35 @@ def test_seed_verdict_lower_is_better_and_bad_input():
         seed_verdict({"a": []})
     with pytest.raises(ValueError, match="no settings"):
         seed_verdict({})
+
+
+def test_paired_difference_says_when_every_seed_agrees():
+    from utils.batch_size import paired_difference
+
+    agree = paired_difference([0.59, 0.60, 0.58], [0.46, 0.43, 0.47], fmt=".1%")
+    assert agree["consistent"] and agree["mean"] == pytest.approx(-0.1367, abs=1e-4)
+    assert agree["low"] == pytest.approx(-0.17) and agree["high"] == pytest.approx(-0.11)
+    assert agree["text"] == "-13.7% (-17.0% to -11.0%), the same sign on every one of 3 seeds"
+    split = paired_difference([1.0, 1.0], [1.2, 0.9])
+    assert not split["consistent"] and "disagree on the sign, within the noise" in split["text"]
+    assert not paired_difference([1.0, 1.0], [1.0, 1.5])["consistent"]      # a zero difference is no sign
+    one = paired_difference([1.0], [2.0])
+    assert not one["consistent"] and "one seed only" in one["text"]
+
+
+def test_paired_difference_rejects_unpaired_or_failed_seeds():
+    from utils.batch_size import paired_difference
+
+    with pytest.raises(ValueError, match="the same seeds"):
+        paired_difference([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="finite"):
+        paired_difference([1.0, float("nan")], [1.0, 2.0])
+
+
+def test_train_run_stops_at_a_training_loss():
+    from utils.batch_runs import train_run
+
+    run = train_run(100, 0.5, momentum=0.9, steps=400, eval_every=1, target_train_loss=1.0, num_samples=500)
+    assert run["steps_to_target"] is not None and run["steps_to_target"] < 400
+    assert run["final"]["train_loss"] <= 1.0 < min(h["train_loss"] for h in run["history"][:-1])
+    assert run["final"]["step"] == run["steps_to_target"]

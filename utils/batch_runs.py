@@ -53,13 +53,16 @@ def _losses(model, dataset: data.Dataset) -> dict:
 
 def train_run(batch_size: int, lr: float, *, steps: int | None = None, epochs: float | None = None,
               optimizer: str = "sgd", momentum: float = 0.0, weight_decay: float = 0.0, warmup_steps: int = 0,
-              warmup_start: float = 0.1, eval_every: int | None = None, target_accuracy: float | None = None, num_samples: int = 5000,
+              warmup_start: float = 0.1, eval_every: int | None = None, target_accuracy: float | None = None,
+              target_train_loss: float | None = None, num_samples: int = 5000,
               train_size: int | None = None, seed: int = 0, keep_state: bool = False) -> dict:
     """Train lab 07's MLP on MNIST-1D; return the configuration, the history and what happened.
 
     Give ``steps`` or ``epochs``. ``warmup_steps`` > 0 ramps the learning rate linearly from
     ``lr / warmup_steps`` to ``lr`` (``torch.optim.lr_scheduler.LinearLR``, Goyal et al. 2017).
-    ``target_accuracy`` stops the run at the first evaluation that reaches it (``steps_to_target``).
+    ``target_accuracy`` stops the run at the first evaluation that reaches it (``steps_to_target``);
+    ``target_train_loss`` at the first evaluation whose loss on the whole training set is at most it
+    (both given: whichever comes first).
     ``train_size`` keeps the first samples of the training split (a scaling-law sweep).
     ``keep_state`` returns the final weights (``state``) too.
     """
@@ -103,7 +106,8 @@ def train_run(batch_size: int, lr: float, *, steps: int | None = None, epochs: f
             break
         if step % eval_every == 0 or step == steps:
             history.append({"step": step, "samples": step * batch_size, **_losses(model, dataset)})
-            if target_accuracy is not None and history[-1]["test_accuracy"] >= target_accuracy:
+            if ((target_accuracy is not None and history[-1]["test_accuracy"] >= target_accuracy)
+                    or (target_train_loss is not None and history[-1]["train_loss"] <= target_train_loss)):
                 reached = step
                 break
     result = {"batch_size": batch_size, "lr": lr, "optimizer": optimizer, "momentum": momentum,

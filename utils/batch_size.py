@@ -11,6 +11,8 @@
   root; Goyal et al. 2017, "Accurate, Large Minibatch SGD": linear).
 - ``seed_verdict``: which of several settings did best over a few seeds, named only when the seeds
   separate it from the others (otherwise the difference is called noise).
+- ``paired_difference``: two settings run on the same seeds (a small and a large batch from the same
+  start), their difference seed by seed, and whether every seed agrees on its sign.
 """
 from __future__ import annotations
 
@@ -249,3 +251,31 @@ def seed_verdict(scores: Mapping[str, list], *, higher_is_better: bool = True, f
     else:
         text = f"no clear winner: {leader} leads on the mean, within the seed-to-seed spread: {listing}"
     return dict(leader=leader, separated=separated, mean=mean, low=low, high=high, failed=failed, text=text)
+
+
+def paired_difference(a, b, *, fmt: str = ".3g") -> dict:
+    """``b[i] - a[i]`` for measurements of two settings on the same seeds, and whether the seeds agree.
+
+    Pairing by seed removes what the two share (the start, the order of the batches). ``consistent``
+    is True when there are at least two seeds and every difference has the same sign (none is zero);
+    otherwise the sign of the mean is within the seed-to-seed noise. Returns ``{"mean", "low",
+    "high", "differences", "consistent", "text"}``; ``text`` reads e.g. "+0.12 (+0.1 to +0.15),
+    the same sign on every one of 3 seeds" with the numbers formatted by ``fmt`` (a sign is added).
+    """
+    a, b = [float(v) for v in a], [float(v) for v in b]
+    if not a or len(a) != len(b):
+        raise ValueError(f"give one number per seed for both settings, the same seeds: got {len(a)} and {len(b)}")
+    if not all(math.isfinite(v) for v in a + b):
+        raise ValueError(f"every measurement must be a finite number: got {a} and {b}")
+    differences = [y - x for x, y in zip(a, b)]
+    mean = sum(differences) / len(differences)
+    low, high = min(differences), max(differences)
+    show = lambda v: format(v, "+" + fmt)  # noqa: E731
+    consistent = len(differences) >= 2 and (low > 0 or high < 0)
+    if len(differences) == 1:
+        text = f"{show(mean)} on one seed only: not evidence either way"
+    elif consistent:
+        text = f"{show(mean)} ({show(low)} to {show(high)}), the same sign on every one of {len(differences)} seeds"
+    else:
+        text = f"{show(mean)} ({show(low)} to {show(high)}): the seeds disagree on the sign, within the noise"
+    return dict(mean=mean, low=low, high=high, differences=differences, consistent=consistent, text=text)
