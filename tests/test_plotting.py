@@ -1,3 +1,4 @@
+import math
 import numpy as np
 import pytest
 from matplotlib.figure import Figure
@@ -98,3 +99,68 @@ def test_plot_timeline_draws_one_bar_per_span_on_its_lane():
     assert "ms" in ax.get_xlabel()
     with pytest.raises(ValueError, match="Timeline"):
         plot_timeline([])
+
+
+# --- lab 07's figures --------------------------------------------------------------------------------
+
+def test_plot_steps_to_target_draws_points_perfect_scaling_fit_and_marks():
+    from utils.plotting import plot_steps_to_target
+
+    fig = plot_steps_to_target([16, 64, 256], [4000, 1200, 600], "steps to 50%", fit=(500.0, 100.0),
+                               marks={"your reading": 120.0, "noise scale": 300.0})
+    ax = fig.axes[0]
+    lines = lines_by_label(ax)
+    assert list(lines["measured"].get_ydata()) == [4000, 1200, 600]
+    assert list(lines["perfect scaling"].get_ydata()) == [4000, 1000, 250]
+    fit, = [line for label, line in lines.items() if label.startswith("S_min")]
+    assert "B_crit = 100" in fit.get_label()
+    assert fit.get_ydata()[0] == pytest.approx(500 * (1 + 100 / 16))
+    assert list(lines["your reading"].get_xdata()) == [120.0, 120.0]
+    assert ax.get_xscale() == ax.get_yscale() == "log" and ax.get_ylabel() == "steps to 50%"
+    bad_fit = plot_steps_to_target([16, 64], [10, 5], "steps", fit=(float("nan"), -1.0))
+    assert not any(label.startswith("S_min") for label in lines_by_label(bad_fit.axes[0]))
+
+
+def test_plot_over_seeds_draws_mean_and_range_and_marks_failed_seeds():
+    from utils.plotting import plot_over_seeds
+
+    fig = plot_over_seeds([64, 1024], {"linear": [[0.5, 0.7], [0.4, None]], "sqrt": [[0.6, 0.6], [0.5, 0.55]]},
+                          "batch size", "test accuracy")
+    ax = fig.axes[0]
+    means = {c.get_label(): list(c.lines[0].get_ydata()) for c in ax.containers}
+    assert means["linear"] == pytest.approx([0.6, 0.4]) and means["sqrt"] == pytest.approx([0.6, 0.525])
+    failed = [line for line in ax.get_lines() if line.get_marker() == "x"]
+    assert len(failed) == 1 and list(failed[0].get_xdata()) == [1024]
+    bars = ax.containers[0].lines[2][0].get_segments()               # linear's error bars
+    assert bars[0][:, 1].tolist() == pytest.approx([0.5, 0.7]) and bars[1][:, 1].tolist() == pytest.approx([0.4, 0.4])
+
+
+def test_plot_step_losses_and_histories():
+    from utils.plotting import plot_histories, plot_step_losses
+
+    fig = plot_step_losses({"no warm-up": [2.0, 5.0, 40.0], "warm-up": [2.0, 1.5, 1.2, 1.0]}, mark_step=2)
+    lines = lines_by_label(fig.axes[0])
+    assert list(lines["warm-up"].get_xdata()) == [1, 2, 3, 4] and fig.axes[0].get_yscale() == "log"
+    run = [{"step": 0, "samples": 0, "train_loss": 2.0, "test_accuracy": 0.1},
+           {"step": 5, "samples": 160, "train_loss": 0.5, "test_accuracy": 0.4}]
+    fig = plot_histories({"small": [run, run], "large": [run]}, metrics=("train_loss", "test_accuracy"), x="samples")
+    assert len(fig.axes) == 2 and fig.axes[0].get_yscale() == "log" and fig.axes[1].get_yscale() == "linear"
+    assert len(fig.axes[1].get_lines()) == 3 and fig.axes[1].get_xlabel() == "training samples seen"
+    assert [t.get_text() for t in fig.axes[1].get_legend().get_texts()] == ["small", "large"]
+
+
+def test_plot_landscapes_and_power_law():
+    import torch
+    from utils.plotting import plot_landscapes, plot_power_law
+
+    coords = [-1.0, 0.0, 1.0]
+    surfaces = {"small": torch.tensor([[3.0, 2.0, 3.0], [2.0, 1.0, 2.0], [3.0, 2.0, 3.0]]),
+                "large": torch.tensor([[9.0, 4.0, 9.0], [4.0, 1.0, 4.0], [9.0, 4.0, 9.0]])}
+    fig = plot_landscapes([-0.5, 0.0, 0.5, 1.0, 1.5], {"train": [2, 1, 1.5, 1, 3], "test": [3, 2, 2, 2, 4]},
+                          ("small", "large"), coords, surfaces)
+    assert len(fig.axes) >= 3 and "a (0: small, 1: large)" == fig.axes[0].get_xlabel()
+    assert "around the large solution" in fig.axes[2].get_title()
+    fig = plot_power_law([100, 1000], [2.0, 1.0], slope=-0.301, intercept=math.log(2.0) + 0.301 * math.log(100))
+    fit = lines_by_label(fig.axes[0])
+    line, = [l for name, l in fit.items() if name.startswith("fit")]
+    assert line.get_ydata()[1] == pytest.approx(1.0, rel=1e-3)

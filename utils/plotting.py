@@ -397,3 +397,149 @@ def plot_gpu_settings(rows: Sequence[Mapping], machine: str, ax=None):
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.text(0.01, 0.01, machine, fontsize=7, color="0.35")
     return fig
+
+
+# --- lab 07: batch size and learning rate -----------------------------------------------------------
+
+def plot_steps_to_target(batch_sizes: Sequence[int], steps: Sequence[float], ylabel: str,
+                         fit: tuple[float, float] | None = None, marks: Mapping[str, float] | None = None, ax=None):
+    """Steps to a target against batch size (log-log): the measured points, the line of perfect
+    scaling through the smallest batch, McCandlish et al.'s S_min (1 + B_crit / B) for ``fit =
+    (S_min, B_crit)``, and a vertical line per ``marks`` entry (label: batch size)."""
+    import numpy as np
+
+    fig, ax = _axes(ax, figsize=(6.5, 4))
+    ax.plot(batch_sizes, steps, "o", label="measured")
+    ax.plot(batch_sizes, [steps[0] * batch_sizes[0] / b for b in batch_sizes], ":", color="gray",
+            label="perfect scaling")
+    if fit is not None and all(v > 0 for v in fit):
+        grid = np.geomspace(min(batch_sizes), max(batch_sizes) * 2, 100)
+        ax.plot(grid, fit[0] * (1 + fit[1] / grid), "-", label=f"S_min (1 + B_crit / B), B_crit = {fit[1]:.0f}")
+    for i, (label, batch) in enumerate((marks or {}).items()):
+        ax.axvline(batch, color=f"C{i + 2}", linestyle=("--", "-.", ":")[i % 3], label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("batch size")
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_over_seeds(xs: Sequence[float], values: Mapping[str, Sequence[Sequence[float | None]]], xlabel: str,
+                    ylabel: str, title: str | None = None, logx: bool = True, ax=None):
+    """One line per label: at each x the mean over seeds, with a bar from the worst to the best seed;
+    ``values[label][i]`` holds one number per seed at ``xs[i]``, None (or nan) for a failed seed,
+    drawn as a red x at the bottom of the axes."""
+    import math
+
+    fig, ax = _axes(ax, figsize=(6.5, 4))
+    for label, per_x in values.items():
+        finite = [[float(v) for v in seeds if v is not None and math.isfinite(v)] for seeds in per_x]
+        mean = [sum(f) / len(f) if f else math.nan for f in finite]
+        low = [m - min(f) if f else 0.0 for m, f in zip(mean, finite)]
+        high = [max(f) - m if f else 0.0 for m, f in zip(mean, finite)]
+        ax.errorbar(xs, mean, yerr=[low, high], fmt="o-", capsize=3, label=label)
+        failed = [x for x, f, seeds in zip(xs, finite, per_x) if len(f) < len(seeds)]
+        if failed:
+            ax.plot(failed, [0.0] * len(failed), "x", color="red", markersize=9, clip_on=False,
+                    transform=ax.get_xaxis_transform())
+    if logx:
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title or f"{ylabel}: mean and range over seeds (x: a seed failed)", fontsize=10)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def plot_step_losses(curves: Mapping[str, Sequence[float]], mark_step: int | None = None, title: str | None = None,
+                     ax=None):
+    """The training loss of every step (log scale), one line per label, with ``mark_step`` marked."""
+    fig, ax = _axes(ax, figsize=(6.5, 4))
+    for label, losses in curves.items():
+        ax.plot(range(1, len(losses) + 1), losses, label=label)
+    if mark_step is not None:
+        ax.axvline(mark_step, color="gray", linestyle=":")
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.set_title(title or "Training loss, step by step", fontsize=10)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+_HISTORY_AXES = {"step": "step", "samples": "training samples seen", "train_loss": "training loss",
+                 "test_loss": "test loss", "test_accuracy": "test accuracy"}
+
+
+def plot_histories(runs: Mapping[str, Sequence[Sequence[Mapping]]], metrics: Sequence[str] = ("test_accuracy",),
+                   x: str = "step", logx: bool = False, title: str | None = None):
+    """Run histories (lists of dicts, such as ``utils.batch_runs.train_run``'s ``history``), one panel
+    per metric, one colour per label and one line per history under it (one per seed)."""
+    fig, axes = plt.subplots(1, len(metrics), figsize=(6.5 * len(metrics), 4), squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
+        for i, (label, histories) in enumerate(runs.items()):
+            for j, history in enumerate(histories):
+                ax.plot([h[x] for h in history], [h[metric] for h in history], color=f"C{i}", alpha=0.75,
+                        label=label if j == 0 else None)
+        if logx:
+            ax.set_xscale("log")
+        if metric.endswith("loss"):
+            ax.set_yscale("log")
+        ax.set_xlabel(_HISTORY_AXES.get(x, x))
+        ax.set_ylabel(_HISTORY_AXES.get(metric, metric))
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def plot_landscapes(alphas: Sequence[float], line: Mapping[str, Sequence[float]], ends: tuple[str, str],
+                    coords: Sequence[float], surfaces: Mapping[str, "object"]):
+    """Li et al.'s pictures: left, the loss on the line ``(1 - a) A + a B`` (one curve per data split,
+    ``ends`` names A and B); then the loss on a plane around each solution (``surfaces[label]``, rows
+    along the second direction, as ``utils.landscape.surface_2d`` returns), contoured at the same levels."""
+    import torch
+
+    fig, axes = plt.subplots(1, 1 + len(surfaces), figsize=(5.3 * (1 + len(surfaces)), 4.2))
+    for name, losses in line.items():
+        axes[0].plot(alphas, losses, label=name)
+    for a, text in ((0.0, ends[0]), (1.0, ends[1])):
+        axes[0].axvline(a, color="gray", linestyle=":", linewidth=1)
+    axes[0].set_yscale("log")
+    axes[0].set_xlabel(f"a (0: {ends[0]}, 1: {ends[1]})")
+    axes[0].set_ylabel("loss")
+    axes[0].legend()
+    stacked = torch.stack([torch.as_tensor(s, dtype=torch.float64) for s in surfaces.values()]).flatten()
+    levels = sorted(set(torch.quantile(stacked, torch.linspace(0.02, 0.98, 12, dtype=torch.float64)).tolist()))
+    for ax, (label, surface) in zip(axes[1:], surfaces.items()):
+        contours = ax.contour(coords, coords, torch.as_tensor(surface).numpy(), levels=levels)
+        ax.clabel(contours, fontsize=6)
+        ax.plot([0], [0], "k+")
+        ax.set_title(f"training loss around the {label} solution", fontsize=10)
+        ax.set_xlabel("direction 1")
+        ax.set_ylabel("direction 2")
+    fig.tight_layout()
+    return fig
+
+
+def plot_power_law(sizes: Sequence[float], values: Sequence[float], slope: float, intercept: float,
+                   xlabel: str = "training samples n", ylabel: str = "test loss", ax=None):
+    """Measured points and the fitted power law ``exp(intercept) n ** slope`` on log-log axes."""
+    import math
+
+    fig, ax = _axes(ax)
+    ax.plot(sizes, values, "o", label="measured")
+    ax.plot(sizes, [math.exp(intercept) * n ** slope for n in sizes], "-",
+            label=f"fit: {math.exp(intercept):.2f} n^({slope:.3f})")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend()
+    fig.tight_layout()
+    return fig
