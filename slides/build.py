@@ -6,9 +6,16 @@
 A deck is Markdown: slides are separated by a line holding only `---`, and everything after a line
 starting `Note:` is that slide's speaker notes. Figures are drawn here by `utils.plotting`, from
 the recorded runs in benchmarks/results/ (the machine named on each) or as diagrams from code, into
-build/slides/figures/. reveal.js comes from its npm package (slides/package.json, pinned by
-slides/package-lock.json) and is copied beside the decks, so opening a deck fetches nothing.
+build/slides/figures/. reveal.js and KaTeX come from their npm packages (slides/package.json, pinned by
+slides/package-lock.json) and are copied beside the decks, so opening a deck fetches nothing.
+Equations are TeX between `$...$` (inline) or `$$...$$` (display); reveal.js's math plugin renders
+them with KaTeX when the deck opens.
 The PDF is headless Chromium printing the deck's print view (`?print-pdf`), one page per slide.
+
+The build refuses a deck that an instructor could not teach from (`check_source` says why): every
+slide's notes start with its time, `[N min]`; the second slide is a timed `## Agenda` whose minutes
+add up to the slides' minutes (per row, where a row names its slides as `| 4-7 | 14 min |`); notes hold no math (the speaker view shows them raw); and no
+`## Exercise` slide shows code from the lab's solution blocks (`### BEGIN SOLUTION`).
 """
 from __future__ import annotations
 
@@ -24,11 +31,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SLIDES = ROOT / "slides"
 RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT))
+from slides import values  # noqa: E402
 REVEAL = SLIDES / "node_modules" / "reveal.js"
-# The only reveal.js files a deck loads. The white theme embeds its fonts; the math and highlight
-# plugins and most other themes fetch from the internet, so they are left out.
+KATEX = SLIDES / "node_modules" / "katex"
+# The only reveal.js files a deck loads. The white theme embeds its fonts; the highlight plugin and
+# most other themes fetch from the internet, so they are left out. The math plugin fetches KaTeX
+# from a CDN unless its `local` option names a folder: it then loads <local>/dist/katex.min.css,
+# katex.min.js and contrib/auto-render.min.js, and the CSS loads fonts/ beside it.
 REVEAL_FILES = ("dist/reset.css", "dist/reveal.css", "dist/theme/white.css", "dist/reveal.js",
-                "dist/plugin/markdown.js", "dist/plugin/notes.js")
+                "dist/plugin/markdown.js", "dist/plugin/notes.js", "dist/plugin/math.js")
+KATEX_FILES = ("dist/katex.min.css", "dist/katex.min.js", "dist/contrib/auto-render.min.js", "dist/fonts")
 SEPARATOR = re.compile(r"\r?\n---[ \t]*\r?\n")  # the same as data-separator in TEMPLATE
 FIGURE = re.compile(r"figures/([\w.-]+\.svg)")
 
@@ -49,6 +62,10 @@ TEMPLATE = """<!DOCTYPE html>
   .reveal .r-stack img {{ max-height: 460px; }}
   .reveal ul, .reveal ol {{ display: block; }}
   .reveal small {{ color: #555; }}
+  .reveal .katex-display {{ margin: 0.4em 0; }}
+  .reveal table {{ font-size: 0.8em; }}
+  .reveal section img.diagram {{ width: 88%; max-height: 480px; }}
+  .reveal .algorithm {{ text-align: left; font-size: 0.78em; border: 1px solid #999; padding: 0.4em 0.8em; background: #f7f7f7; }}
 </style>
 </head>
 <body>
@@ -60,11 +77,13 @@ TEMPLATE = """<!DOCTYPE html>
 <script src="reveal/dist/reveal.js"></script>
 <script src="reveal/dist/plugin/markdown.js"></script>
 <script src="reveal/dist/plugin/notes.js"></script>
+<script src="reveal/dist/plugin/math.js"></script>
 <script>
   Reveal.initialize({{
     hash: true, slideNumber: "c/t", transition: "none",
     pdfSeparateFragments: false, pdfMaxPagesPerSlide: 1,
-    plugins: [RevealMarkdown, RevealNotes]
+    katex: {{ local: "katex", throwOnError: false }},
+    plugins: [RevealMarkdown, RevealNotes, RevealMath.KaTeX]
   }});
 </script>
 </body>
@@ -95,35 +114,166 @@ def notes_of(slide: str) -> str:
     return parts[1].strip() if len(parts) == 2 else ""
 
 
+MINUTES = re.compile(r"\[(\d+) min\]")
+CODE = re.compile(r"```.*?```|`[^`\n]*`", re.DOTALL)
+MATH = re.compile(r"\$\$.+?\$\$|\$[^$\n]+?\$", re.DOTALL)
+PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")   # every ASCII punctuation mark: markdown may read each one
+
+
+def visible_of(slide: str) -> str:
+    """What a slide shows: its text before the `Note:` line."""
+    return re.split(r"^Note:", slide, maxsplit=1, flags=re.MULTILINE)[0]
+
+
+def title_of(slide: str) -> str:
+    return next((line.lstrip("#").strip() for line in slide.splitlines() if line.startswith("#")), "")
+
+
+def minutes_of(slide: str) -> int | None:
+    """The minutes a slide's notes give it (`[N min]` at their start), or None."""
+    found = MINUTES.match(notes_of(slide))
+    return int(found.group(1)) if found else None
+
+
+def _outside_code(text: str, pattern: re.Pattern, replace=None):
+    """``pattern``'s matches in ``text`` outside code spans and blocks; with ``replace``, the text
+    with each match replaced by ``replace(match)``."""
+    pieces, found, last = [], [], 0
+    for code in CODE.finditer(text):
+        pieces += [(text[last:code.start()], False), (code.group(0), True)]
+        last = code.end()
+    pieces.append((text[last:], False))
+    out = []
+    for piece, is_code in pieces:
+        if not is_code:
+            found += pattern.findall(piece)
+            if replace:
+                piece = pattern.sub(replace, piece)
+        out.append(piece)
+    return "".join(out) if replace else found
+
+
+def equations_of(text: str) -> list[str]:
+    """The TeX of every `$...$` and `$$...$$` outside code."""
+    return _outside_code(text, MATH)
+
+
+def protect_math(text: str) -> str:
+    """The deck with a backslash before every punctuation mark inside its equations, so that the
+    markdown plugin hands KaTeX the TeX as written (it would read `_` as emphasis, `\\` as an escape)."""
+    def escape(match):
+        tex = match.group(0)
+        fence = "$$" if tex.startswith("$$") else "$"
+        return fence + PUNCTUATION.sub(r"\\\1", tex[len(fence):-len(fence)]) + fence
+    return _outside_code(text, MATH, escape)
+
+
+def _tokens(code: str) -> list[str]:
+    """Python tokens with local names and numbers abstracted (attribute names and modules kept), so
+    `A[:, a:b]` and `A[:, start:stop]` compare equal."""
+    import keyword
+
+    code = re.sub(r"#.*", "", code)
+    out = []
+    for token in re.findall(r"[A-Za-z_]\w*|\d+(?:\.\d*)?|\S", code):
+        if token[0].isdigit():
+            token = "0"
+        elif (token[0].isalpha() or token[0] == "_") and not keyword.iskeyword(token) \
+                and token not in ("dist", "torch", "nn", "F", "np", "math") and not (out and out[-1] == "."):
+            token = "N"
+        out.append(token)
+    return out
+
+
+def solution_lines(stem: str) -> list[str]:
+    """Each line of the solution blocks of the notebook a deck belongs to, as joined tokens."""
+    notebook = ROOT / "assessment" / "assessment.ipynb" if stem == "assessment" else ROOT / "labs" / f"{stem}.ipynb"
+    if not notebook.exists():
+        return []
+    lines, inside = [], False
+    for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
+        source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+        for line in source.splitlines():
+            if "### BEGIN SOLUTION" in line or "### END SOLUTION" in line:
+                inside = "BEGIN" in line
+            elif inside and cell["cell_type"] == "code" and _tokens(line):
+                lines.append(" " + " ".join(_tokens(line)) + " ")
+    return lines
+
+
+def solution_code_in(slide: str, solutions: list[str]) -> list[str]:
+    """The code on a slide that comes from a solution: a piece of 8 or more tokens of a solution line,
+    or a whole solution line of 5 or more tokens."""
+    pieces = [line for block in re.findall(r"```[^\n]*\n(.*?)```", slide, re.DOTALL) for line in block.splitlines()]
+    pieces += re.findall(r"(?<!`)`([^`\n]+)`(?!`)", slide)
+    found = []
+    for piece in pieces:
+        tokens = _tokens(piece)
+        joined = " " + " ".join(tokens) + " "
+        if (len(tokens) >= 8 and any(joined in line for line in solutions)) or \
+                any(line in joined for line in solutions if line.count(" ") - 1 >= 5):
+            found.append(piece.strip())
+    return found
+
+
 def check_source(path: Path) -> list[str]:
     """What is wrong with a deck source, in words (empty when nothing)."""
     problems = []
     text = path.read_text(encoding="utf-8")
-    for i, slide in enumerate(split_slides(text), 1):
+    slides = split_slides(text)
+    solutions = solution_lines(path.stem)
+    for i, slide in enumerate(slides, 1):
+        notes = notes_of(slide)
         if not slide.strip():
             problems.append(f"{path.name}: slide {i} is empty (two `---` lines in a row?)")
-        elif not notes_of(slide):
+            continue
+        if not notes:
             problems.append(f"{path.name}: slide {i} has no speaker notes (add a `Note:` line and notes)")
+            continue
+        if minutes_of(slide) is None:
+            problems.append(f"{path.name}: slide {i}'s notes do not start with its time, e.g. `[3 min]`")
+        if equations_of(notes):
+            problems.append(f"{path.name}: slide {i}'s notes hold an equation ($...$); the speaker view "
+                            "shows notes unrendered, so say it in words")
+        if title_of(slide).startswith("Exercise"):
+            for code in solution_code_in(visible_of(slide), solutions):
+                problems.append(f"{path.name}: slide {i} ({title_of(slide)}) shows solution code `{code}`; "
+                                "name the idea and the API instead")
+    agenda = slides[1] if len(slides) > 1 else ""
+    if title_of(agenda) != "Agenda":
+        problems.append(f"{path.name}: slide 2 must be the timed agenda (`## Agenda`, one line per part with its minutes)")
+    else:
+        planned = [int(m) for m in re.findall(r"(\d+) min", visible_of(agenda))]
+        given = sum(m for m in map(minutes_of, slides) if m is not None)
+        if len(planned) < 3:
+            problems.append(f"{path.name}: the agenda gives minutes for {len(planned)} parts; give each part its `N min`")
+        elif sum(planned) != given:
+            problems.append(f"{path.name}: the agenda adds up to {sum(planned)} min but the slides' notes to "
+                            f"{given} min; make them agree")
+        for first, last, minutes in re.findall(r"\|\s*(\d+)-(\d+)\s*\|\s*(\d+) min", visible_of(agenda)):
+            part = sum(minutes_of(s) or 0 for s in slides[int(first) - 1:int(last)])
+            if part != int(minutes):
+                problems.append(f"{path.name}: the agenda gives slides {first}-{last} {minutes} min, their notes {part} min")
     if "</textarea" in text.lower():
         problems.append(f"{path.name}: the text `</textarea` would end the deck early; reword it")
     return problems
 
 
-def _recorded(name: str) -> dict:
-    return json.loads((RESULTS / name).read_text())
+_recorded, _machine = values.recorded, values.machine
+VALUE = re.compile(r"\{\{\s*([\w.]+)\s*\}\}")
 
 
-def _machine(result: dict) -> str:
-    machine = result["machine"]
-    if isinstance(machine, str):
-        return f"{machine} ({result.get('date', 'date not recorded')})"
-    gpu = f", {machine['gpu']}" if machine.get("gpu") else ", no GPU"
-    return (f"{machine['cpu']}, {machine['cores']} cores{gpu}, torch {machine['torch']}"
-            f" ({result.get('date', 'date not recorded')})")
+def fill_values(text: str, known: dict, name: str) -> str:
+    """The deck with every `{{name}}` replaced by its recorded value (slides/values.py)."""
+    unknown = sorted(set(VALUE.findall(text)) - set(known))
+    if unknown:
+        raise SystemExit(f"{name}: no recorded value named {', '.join(unknown)} (slides/values.py lists them)")
+    return VALUE.sub(lambda m: known[m.group(1)], text)
 
 
 def figures() -> dict:
     """{file name: function returning a Figure}: every figure the decks may show."""
+    from slides import diagrams
     from utils import collectives, plotting
 
     def mlp():
@@ -184,12 +334,22 @@ def figures() -> dict:
         run = gpu_speed.recorded_runs(RESULTS)[-1]  # the newest recorded GPU run
         return plotting.plot_gpu_settings(run["rows"], _machine(run))
 
+    def buckets():
+        from utils.models import mlp_layer_shapes
+
+        model = _recorded("ddp_xeon16.json")["settings"]["models"]["larger"]   # lab 05's larger MLP, as recorded
+        shapes = mlp_layer_shapes(**model)[::-1]                                 # backward meets the last layer first
+        return diagrams.draw_buckets([4 * fan_in * fan_out for fan_in, fan_out in shapes],
+                                     [f"layer {len(shapes) - k - 1}" for k in range(len(shapes))], cap_mb=5)
+
     made = {"mlp.svg": mlp, "alpha_beta.svg": alpha_beta, "ddp_variants.svg": ddp_variants,
             "speedup.svg": speedup, "warmup.svg": warmup, "lab_times.svg": lab_times, "gpu_settings.svg": gpu_settings,
             "sync_points.svg": plotting.plot_sync_points, "bucket_overlap.svg": plotting.plot_bucket_overlap,
             "critical_batch.svg": plotting.plot_critical_batch, "local_sgd.svg": plotting.plot_local_sgd}
     for step in range(7):
         made[f"ring_step_{step}.svg"] = lambda step=step: plotting.plot_ring_allreduce_step(4, step)
+    made["ddp_buckets.svg"] = buckets
+    made.update(diagrams.diagrams())   # SVG written directly (text, not a Figure)
     return made
 
 
@@ -205,8 +365,11 @@ def draw_figures(out: Path) -> list[Path]:
     with matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": "course"}):
         for name, draw in figures().items():
             fig = draw()
-            fig.savefig(out / name, facecolor="white", metadata={"Date": None})
-            plt.close(fig)
+            if isinstance(fig, str):
+                (out / name).write_text(fig, encoding="utf-8")
+            else:
+                fig.savefig(out / name, facecolor="white", metadata={"Date": None})
+                plt.close(fig)
             written.append(out / name)
     return written
 
@@ -216,9 +379,11 @@ def reveal_version() -> str:
 
 
 def ensure_reveal() -> None:
-    """reveal.js from npm as the lock file pins it, installed with `npm ci` when missing."""
-    pinned = json.loads((SLIDES / "package-lock.json").read_text())["packages"]["node_modules/reveal.js"]["version"]
-    if REVEAL.exists() and reveal_version() == pinned:
+    """reveal.js and KaTeX from npm as the lock file pins them, installed with `npm ci` when missing."""
+    pinned = json.loads((SLIDES / "package-lock.json").read_text())["packages"]
+    installed = [(folder, pinned[f"node_modules/{folder.name}"]["version"]) for folder in (REVEAL, KATEX)]
+    if all((folder / "package.json").exists() and json.loads((folder / "package.json").read_text())["version"] == version
+           for folder, version in installed):
         return
     npm = shutil.which("npm")
     if npm is None:
@@ -228,18 +393,20 @@ def ensure_reveal() -> None:
     subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=SLIDES, check=True)
 
 
-def write_deck(source: Path, out: Path) -> dict:
+def write_deck(source: Path, out: Path, known: dict | None = None) -> dict:
     text = source.read_text(encoding="utf-8")
     problems = check_source(source)
     missing = sorted({name for name in FIGURE.findall(text) if name not in figures()})
     problems += [f"{source.name}: figure {name} is not drawn by slides/build.py's figures()" for name in missing]
     if problems:
         raise SystemExit("\n".join(problems))
+    text = fill_values(text, values.values() if known is None else known, source.name)
     title = next((line[2:].strip() for line in text.splitlines() if line.startswith("# ")), source.stem)
-    page = TEMPLATE.format(title=html.escape(title), markdown=html.escape(text.strip("\n"), quote=False))
+    page = TEMPLATE.format(title=html.escape(title), markdown=html.escape(protect_math(text.strip("\n")), quote=False))
     target = out / f"{source.stem}.html"
     target.write_text(page, encoding="utf-8")
-    return {"deck": source.stem, "title": title, "html": target, "slides": len(split_slides(text))}
+    return {"deck": source.stem, "title": title, "html": target, "slides": len(split_slides(text)),
+            "equations": len(equations_of(text))}
 
 
 def print_pdfs(built: list[dict], out: Path) -> None:
@@ -253,7 +420,8 @@ def print_pdfs(built: list[dict], out: Path) -> None:
             # Print once reveal.js has laid out one page per slide and every figure has loaded.
             page.wait_for(f"window.Reveal && Reveal.isReady() && "
                           f"document.querySelectorAll('.pdf-page').length === {deck['slides']} && "
-                          f"Array.from(document.images).every(i => i.complete)")
+                          f"Array.from(document.images).every(i => i.complete) && "
+                          f"document.querySelectorAll('.katex').length >= {deck['equations']}")
             page.evaluate("document.fonts.ready.then(() => true)")
             deck["pdf"] = out / f"{deck['deck']}.pdf"
             deck["pdf"].write_bytes(page.pdf())
@@ -267,8 +435,14 @@ def build(out: Path = ROOT / "build" / "slides", names: list[str] | None = None,
         (out / "reveal" / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REVEAL / name, out / "reveal" / name)
     shutil.copy2(REVEAL / "LICENSE", out / "reveal" / "LICENSE")
+    for name in KATEX_FILES:
+        (out / "katex" / name).parent.mkdir(parents=True, exist_ok=True)
+        copy = shutil.copytree if (KATEX / name).is_dir() else shutil.copy2
+        copy(KATEX / name, out / "katex" / name, **({"dirs_exist_ok": True} if copy is shutil.copytree else {}))
+    shutil.copy2(KATEX / "LICENSE", out / "katex" / "LICENSE")
     draw_figures(out / "figures")
-    built = [write_deck(source, out) for source in decks(names)]
+    known = values.values()
+    built = [write_deck(source, out, known) for source in decks(names)]
     if pdf:
         print_pdfs(built, out)
     return built

@@ -69,12 +69,84 @@ def test_source_has_notes_on_every_slide_objectives_and_summary(deck):
         assert "## Objectives" in text
 
 
-def test_source_check_names_the_slide_without_notes_and_the_unknown_figure(tmp_path, monkeypatch):
-    deck = tmp_path / "99_probe.md"
-    deck.write_text("# Probe\n\nNote:\nhello\n\n---\n\n## No notes here\n\n![x](figures/nowhere.svg)\n")
-    assert slides.check_source(deck) == ["99_probe.md: slide 2 has no speaker notes (add a `Note:` line and notes)"]
+PROBE_AGENDA = "## Agenda\n\n| part | slides | time |\n| --- | --- | --- |\n| a | 1-2 | 2 min |\n| b | 3-3 | 3 min |\n| c | 4-4 | 1 min |\n\nNote:\n[1 min]\nplan\n"
+
+
+def _probe(tmp_path, *slides_text, name="99_probe.md"):
+    deck = tmp_path / name
+    deck.write_text("\n---\n\n".join(slides_text))
+    return deck
+
+
+def test_source_check_names_the_slide_without_notes_and_the_unknown_figure(tmp_path):
+    deck = _probe(tmp_path, "# Probe\n\nNote:\n[1 min]\nhello\n", PROBE_AGENDA,
+                  "## No notes here\n\n![x](figures/nowhere.svg)\n", "## Last\n\nNote:\n[1 min]\nbye\n")
+    assert slides.check_source(deck) == ["99_probe.md: slide 3 has no speaker notes (add a `Note:` line and notes)",
+                                         "99_probe.md: the agenda adds up to 6 min but the slides' notes to 3 min; "
+                                         "make them agree",
+                                         "99_probe.md: the agenda gives slides 3-3 3 min, their notes 0 min"]
     with pytest.raises(SystemExit, match="figure nowhere.svg is not drawn"):
-        slides.write_deck(deck, tmp_path)
+        slides.write_deck(deck, tmp_path, known={})
+
+
+def test_source_check_wants_a_timed_agenda_and_minutes_on_every_slide(tmp_path):
+    good = _probe(tmp_path, "# Probe\n\nNote:\n[1 min]\nhi\n", PROBE_AGENDA,
+                  "## Three\n\nNote:\n[3 min]\nsay this\n", "## Four\n\nNote:\n[1 min]\nbye\n")
+    assert slides.check_source(good) == []
+    untimed = _probe(tmp_path, "# Probe\n\nNote:\n[1 min]\nhi\n", PROBE_AGENDA,
+                     "## Three\n\nNote:\nsay this, $x^2$\n", "## Four\n\nNote:\n[1 min]\nbye\n")
+    problems = slides.check_source(untimed)
+    assert "99_probe.md: slide 3's notes do not start with its time, e.g. `[3 min]`" in problems
+    assert any("slide 3's notes hold an equation" in p for p in problems)
+    no_agenda = _probe(tmp_path, "# Probe\n\nNote:\n[1 min]\nhi\n", "## Plan\n\nNote:\n[1 min]\nx\n")
+    assert any("slide 2 must be the timed agenda" in p for p in slides.check_source(no_agenda))
+
+
+def test_source_check_refuses_solution_code_on_an_exercise_slide(tmp_path):
+    """Lab 03's solution of 3.2 all-reduces the partial product and slices A by start:stop; a slide
+    that shows either gives it away, whatever the names; naming the API does not."""
+    head = ("# Probe\n\nNote:\n[1 min]\nhi\n", PROBE_AGENDA)
+    tail = "## Four\n\nNote:\n[1 min]\nbye\n"
+    for code in ("`dist.all_reduce(partial)`", "`A[:, lo:hi] @ B[lo:hi]`", "```python\nresult = A[:, a:b] @ B[a:b]\n```"):
+        deck = _probe(tmp_path, *head, f"## Exercise 3.2: by reduction\n\n- {code}\n\nNote:\n[3 min]\nx\n", tail,
+                      name="03_collectives.md")
+        problems = slides.check_source(deck)
+        assert len(problems) == 1 and "shows solution code" in problems[0], (code, problems)
+    fine = _probe(tmp_path, *head, "## Exercise 3.2: by reduction\n\n- read `dist.all_reduce`, `chunk_bounds`\n\n"
+                  "Note:\n[3 min]\nx\n", tail, name="03_collectives.md")
+    assert slides.check_source(fine) == []
+    # The same code on a slide that is not an exercise, or in a deck without a notebook, is allowed.
+    elsewhere = _probe(tmp_path, *head, "## The idea\n\n- `dist.all_reduce(partial)`\n\nNote:\n[3 min]\nx\n", tail,
+                       name="03_collectives.md")
+    assert slides.check_source(elsewhere) == []
+
+
+def test_every_recorded_value_a_deck_names_exists_and_an_unknown_one_is_refused(tmp_path):
+    known = slides.values.values()
+    for deck in slides.decks():
+        slides.fill_values(deck.read_text(), known, deck.name)
+    with pytest.raises(SystemExit, match="no recorded value named ab.nowhere"):
+        slides.fill_values("{{ab.nowhere}}", known, "probe.md")
+    assert slides.fill_values("alpha = {{ab.2core.alpha_us}}", known, "probe.md") == f"alpha = {known['ab.2core.alpha_us']}"
+
+
+def test_equations_reach_katex_as_written():
+    text = "a `$code$` b $a_1 * b_2$ and $$\\frac{x}{y_{i}}$$"
+    assert slides.equations_of(text) == ["$a_1 * b_2$", "$$\\frac{x}{y_{i}}$$"]
+    assert slides.protect_math(text) == "a `$code$` b $a\\_1 \\* b\\_2$ and $$\\\\frac\\{x\\}\\{y\\_\\{i\\}\\}$$"
+
+
+@pytest.mark.parametrize("p", [3, 4, 5])
+def test_collective_diagrams_compose_as_the_collectives_do(p):
+    from slides.diagrams import collective
+
+    before, reduced = collective("reduce_scatter", p)
+    _, gathered = collective("all_gather", p)
+    _, all_reduced = collective("all_reduce", p)
+    assert [[row[r] for r in range(p)] for row in all_reduced] == [[reduced[r][r] for r in range(p)]] * p
+    assert [set(filter(None, row)) for row in gathered] == [{f"{'abcdefgh'[c]}{c}" for c in range(p)}] * p
+    _, transposed = collective("all_to_all", p)
+    assert all(transposed[j][i] == before[i][j] for i in range(p) for j in range(p))
 
 
 def test_decks_reference_only_local_files_that_exist(built):
@@ -105,15 +177,54 @@ def test_every_deck_runs_offline_with_its_slides_and_notes(built, browser):
                               ".map(s => (s.querySelector('aside.notes') || {textContent: ''}).textContent.trim().length)")
         assert len(notes) == deck["slides"] and all(notes), f"{name}: slides without speaker notes: " \
             f"{[i + 1 for i, n in enumerate(notes) if not n]}"
-        page.wait_for("Array.from(document.images).every(i => i.complete && i.naturalWidth > 0)")
-        image = Image.open(io.BytesIO(page.screenshot())).convert("L")
-        low, high = image.getextrema()
-        assert high - low > 100, f"{name}: the first slide looks blank"
+        page.wait_for("Array.from(document.images).every(i => i.complete)")
+        broken = page.evaluate("Array.from(document.images).filter(i => !i.naturalWidth).map(i => i.src)")
+        assert broken == [], f"{name}: figures that did not load: {broken}"
+        # Every equation rendered by KaTeX, none left as TeX, none that KaTeX could not parse.
+        page.wait_for(f"document.querySelectorAll('.slides .katex').length >= {deck['equations']}")
+        assert page.evaluate("document.querySelectorAll('.slides .katex').length") == deck["equations"], name
+        assert page.evaluate("document.querySelectorAll('.katex-error').length") == 0, name
+        shown = page.evaluate("Array.from(document.querySelectorAll('.slides section')).map(s => {"
+                              " const c = s.cloneNode(true); c.querySelectorAll('aside, code, .katex').forEach(e => e.remove());"
+                              " return c.textContent; }).join(' ')")
+        assert "$" not in shown, f"{name}: TeX left unrendered: {shown[shown.index('$') - 40:shown.index('$') + 40]!r}"
+        for number in (1, *[i + 1 for i, n in enumerate(slides.split_slides((ROOT / 'slides' / f'{name}.md').read_text()))
+                            if 'class="diagram' in n or '$$' in n][:2]):
+            page.evaluate(f"Reveal.slide({number - 1}, 0, 99); true")
+            image = Image.open(io.BytesIO(page.screenshot())).convert("L")
+            low, high = image.getextrema()
+            dark = sum(image.histogram()[:128]) / (image.width * image.height)
+            assert high - low > 100 and dark > 0.003, f"{name}: slide {number} looks blank"
         outside = [u for u in page.requests() if not (u.startswith(out.as_uri()) or u.startswith("data:"))]
         assert outside == [], f"{name} requested files outside the build folder: {outside}"
         assert page.failed_requests() == [], name
         assert page.errors() == [], name
         page.send("Page.close")
+
+
+@NEEDS_CHROMIUM
+def test_the_ring_steps_one_key_press_at_a_time(built, browser):
+    """The ring all-reduce slide: each right-arrow press shows the next step's figure, 2(p-1) in all."""
+    out, decks = built
+    deck = next(d for d in decks if d["deck"] == "03_collectives")
+    number = next(i for i, s in enumerate(slides.split_slides((ROOT / "slides" / "03_collectives.md").read_text()))
+                  if "ring_step_1.svg" in s)
+    page = browser.new_page()
+    page.goto(deck["html"].as_uri())
+    page.wait_for("window.Reveal && Reveal.isReady()")
+    page.evaluate(f"Reveal.slide({number}, 0); true")
+    shown = "Array.from(Reveal.getCurrentSlide().querySelectorAll('img')).filter(i => !i.classList.contains('fragment') " \
+            "|| i.classList.contains('visible')).pop().getAttribute('src')"
+    seen = [page.evaluate(shown)]
+    for _ in range(6):
+        for kind in ("keyDown", "keyUp"):
+            page.send("Input.dispatchKeyEvent", {"type": kind, "key": "ArrowRight", "code": "ArrowRight",
+                                                 "windowsVirtualKeyCode": 39})
+        page.wait_for(f"Reveal.getIndices().f === {len(seen) - 1}")
+        seen.append(page.evaluate(shown))
+    assert seen == [f"figures/ring_step_{k}.svg" for k in range(7)]
+    assert page.evaluate("Reveal.getIndices().h") == number, "the last step is still on the ring's slide"
+    page.send("Page.close")
 
 
 @NEEDS_CHROMIUM
