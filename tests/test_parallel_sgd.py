@@ -119,6 +119,9 @@ def test_history_records_every_step_and_every_average(ranks):
     assert history.eval_steps == list(range(1, STEPS + 1)) and len(history.test_accuracy) == STEPS
     assert all(0 <= a <= 1 for a in history.test_accuracy)
     assert 0 < history.averaging_time < history.wall_time
+    seconds = history.eval_seconds       # training time at each evaluation, evaluations left out
+    assert len(seconds) == STEPS and all(0 < a < b for a, b in zip(seconds, seconds[1:]))
+    assert seconds[-1] <= history.wall_time
 
 
 def test_last_step_always_averages():

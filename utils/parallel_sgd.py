@@ -132,10 +132,12 @@ def worker_batches(n: int, rank: int, world_size: int, batch_size: int, seed: in
 @dataclass
 class LocalSGDHistory:
     """What one worker saw. ``losses[i]``: its mini-batch loss at step i + 1; ``test_accuracy[j]``
-    measured right after the average at step ``eval_steps[j]``; times in seconds, ``wall_time``
-    without the evaluations (``eval_time``), so that speed-ups compare training alone."""
+    measured right after the average at step ``eval_steps[j]``, after ``eval_seconds[j]`` of
+    training; times in seconds, ``wall_time`` without the evaluations (``eval_time``), so that
+    speed-ups and times to a target accuracy compare training alone."""
     losses: list = field(default_factory=list)
     eval_steps: list = field(default_factory=list)
+    eval_seconds: list = field(default_factory=list)
     test_loss: list = field(default_factory=list)
     test_accuracy: list = field(default_factory=list)
     wall_time: float = 0.0
@@ -183,6 +185,7 @@ def local_sgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int,
             history.n_averages += 1
             if x_test is not None and (step - last_eval >= eval_every or step == steps):
                 began = time.perf_counter()
+                history.eval_seconds.append(began - start - history.eval_time)
                 test_loss, accuracy = evaluate(model, x_test, y_test)   # restores train() mode
                 history.eval_time += time.perf_counter() - began
                 history.eval_steps.append(step)

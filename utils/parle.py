@@ -240,6 +240,7 @@ def train_parle(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: in
             history.n_averages += 1
             if x_test is not None and eval_every is not None and step - last_eval >= eval_every:
                 began = time.perf_counter()
+                history.eval_seconds.append(began - start - history.eval_time)
                 master = copy.deepcopy(model)
                 _load_master(master, optimizer, group)
                 test_loss, accuracy = evaluate(master, x_test, y_test)
@@ -252,6 +253,7 @@ def train_parle(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: in
     _load_master(model, optimizer, group)
     if x_test is not None and (not history.eval_steps or history.eval_steps[-1] != steps):
         test_loss, accuracy = evaluate(model, x_test, y_test)
+        history.eval_seconds.append(history.wall_time)
         history.eval_steps.append(steps)
         history.test_loss.append(test_loss)
         history.test_accuracy.append(accuracy)
