@@ -334,13 +334,13 @@ def figures() -> dict:
         run = gpu_speed.recorded_runs(RESULTS)[-1]  # the newest recorded GPU run
         return plotting.plot_gpu_settings(run["rows"], _machine(run))
 
-    def buckets():
+    def buckets(cap_mb):
         from utils.models import mlp_layer_shapes
 
-        model = _recorded("ddp_xeon16.json")["settings"]["models"]["larger"]   # lab 05's larger MLP, as recorded
+        model = _recorded("ddp_xeon16.json")["settings"]["models"]["larger"]   # the recorded larger MLP (labs 04-05)
         shapes = mlp_layer_shapes(**model)[::-1]                                 # backward meets the last layer first
         return diagrams.draw_buckets([4 * fan_in * fan_out for fan_in, fan_out in shapes],
-                                     [f"layer {len(shapes) - k - 1}" for k in range(len(shapes))], cap_mb=5)
+                                     [f"layer {len(shapes) - k - 1}" for k in range(len(shapes))], cap_mb=cap_mb)
 
     made = {"mlp.svg": mlp, "alpha_beta.svg": alpha_beta, "ddp_variants.svg": ddp_variants,
             "speedup.svg": speedup, "warmup.svg": warmup, "lab_times.svg": lab_times, "gpu_settings.svg": gpu_settings,
@@ -348,7 +348,8 @@ def figures() -> dict:
             "critical_batch.svg": plotting.plot_critical_batch, "local_sgd.svg": plotting.plot_local_sgd}
     for step in range(7):
         made[f"ring_step_{step}.svg"] = lambda step=step: plotting.plot_ring_allreduce_step(4, step)
-    made["ddp_buckets.svg"] = buckets
+    made["ddp_buckets_default.svg"] = lambda: buckets(None)
+    made["ddp_buckets_5mib.svg"] = lambda: buckets(5)
     made.update(diagrams.diagrams())   # SVG written directly (text, not a Figure)
     return made
 

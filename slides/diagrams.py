@@ -131,7 +131,7 @@ def draw_sampler_shards(n: int = 10, replicas: int = 3) -> str:
     return _svg(900, 130 + replicas * 52, body)
 
 
-def draw_buckets(param_bytes: list[int], names: list[str], cap_mb: float) -> str:
+def draw_buckets(param_bytes: list[int], names: list[str], cap_mb: float | None) -> str:
     """Gradients in the order backward produces them, grouped into DDP's buckets by
     utils.scaling.ddp_bucket_bytes with ``bucket_cap_mb=cap_mb``."""
     from utils.scaling import ddp_bucket_bytes
@@ -140,7 +140,8 @@ def draw_buckets(param_bytes: list[int], names: list[str], cap_mb: float) -> str
     total = sum(param_bytes)
     width = 860
     scale = width / total
-    body = [_text(20, 22, f"gradients in backward order, bucket_cap_mb={cap_mb}: {len(buckets)} buckets", 16, anchor="start")]
+    cap = "None (DDP's default: 1 MiB first, then 25 MiB)" if cap_mb is None else cap_mb
+    body = [_text(20, 22, f"gradients in backward order, bucket_cap_mb={cap}: {len(buckets)} buckets", 16, anchor="start")]
     x = 20
     for name, nbytes in zip(names, param_bytes):
         w = nbytes * scale

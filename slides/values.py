@@ -62,6 +62,16 @@ def _ddp(name: str, prefix: str, out: dict) -> None:
                 f"{r['world_size'] * alone['median_step_ms'] / r['median_step_ms']:.1f}x"
 
 
+def _buckets(out: dict) -> None:
+    """How many buckets DDP makes for the recorded MLPs (utils.scaling.ddp_bucket_bytes, torch's rule)."""
+    from utils.models import mlp_layer_shapes
+    from utils.scaling import ddp_bucket_bytes
+
+    for name, model in recorded("ddp_xeon16.json")["settings"]["models"].items():
+        grads = [4 * fan_in * fan_out for fan_in, fan_out in mlp_layer_shapes(**model)[::-1]]
+        out[f"buckets.{name.replace('-', '')}.default"] = str(len(ddp_bucket_bytes(grads)))
+
+
 def _strategies(out: dict) -> None:
     result = recorded("assessment_strategies.json")
     settings = result["settings"]
@@ -86,6 +96,7 @@ def values() -> dict:
     _ddp("ddp_xeon16.json", "ddp.xeon16", out)
     _ddp("ddp_2core_lab01.json", "ddp.2core", out)
     _strategies(out)
+    _buckets(out)
     sweep = recorded("sweep_2core.json")
     out["sweep.machine"] = machine(sweep)
     out["sweep.speedup"] = f"{sweep['speedup']:.1f}x"
