@@ -126,7 +126,7 @@ def rank_metrics(ns: dict, seed: int) -> dict:
     return {"mean": float(ns["global_mean"](total, count))}
 
 
-# --- 4. the training job: train(epochs, global_batch, model_path) --------------------------------
+# --- 4. the training job: train(epochs, global_batch, checkpoint_dir) ----------------------------
 
 JOB_EPOCHS, JOB_BATCH_PER_RANK = 2, 5
 JOB_LR = 0.05   # the probe's own optimizer (in place of make_optimizer's), so a reference can be computed
@@ -161,10 +161,10 @@ def job_namespace(ns: dict, seed: int) -> dict:
         models.append(model)
         return model
 
-    def make_optimizer(parameters, global_batch, steps_per_epoch):
+    def make_optimizer(parameters, *args, **kwargs):
         optimizer = torch.optim.SGD(parameters, lr=JOB_LR, momentum=0.9)
         optimizers.append(optimizer)
-        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        return optimizer, torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)   # lr stays JOB_LR
 
     ns["make_model"], ns["make_optimizer"] = make_model, make_optimizer
     return {"models": models, "batch_sizes": batch_sizes, "optimizers": optimizers, "outside_ddp": outside_ddp}
@@ -185,20 +185,25 @@ def _inside_ddp() -> bool:
     return False
 
 
-def rank_job(ns: dict, seed: int, model_path: str) -> dict:
+def rank_job(ns: dict, seed: int, checkpoint_dir: str) -> dict:
+    from . import settings
     world = dist.get_world_size()
     probes = job_namespace(ns, seed)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        ns["train"](JOB_EPOCHS, JOB_BATCH_PER_RANK * world, model_path)
+        ns["train"](JOB_EPOCHS, JOB_BATCH_PER_RANK * world, checkpoint_dir)
     dist.barrier()
-    saved = None
-    if Path(model_path).exists():
+    saved = []   # per epoch: the checkpoint's keys and values, None where it is missing, or why it is unreadable
+    for epoch in range(1, JOB_EPOCHS + 1 if dist.get_rank() == 0 else 1):   # rank 0 saves, and is judged
+        path = Path(checkpoint_dir) / settings.checkpoint_name(epoch)
+        if not path.exists():
+            saved.append(None)
+            continue
         try:
-            state = torch.load(model_path, weights_only=True, map_location="cpu")
-            saved = {"keys": list(state), "values": list(state.values())}
+            state = torch.load(path, weights_only=True, map_location="cpu")
+            saved.append({"keys": list(state), "values": list(state.values())})
         except Exception as error:  # judged later: the message says what was wrong with the file
-            saved = f"{type(error).__name__}: {error}"
+            saved.append(f"{type(error).__name__}: {error}")
     return {"printed": out.getvalue(), "fetched": ns["train_set"].fetched, "batch_sizes": probes["batch_sizes"],
             "weights": _weights(probes["models"][-1]) if probes["models"] else None, "saved": saved,
             "keys": list(probes["models"][-1].state_dict()) if probes["models"] else [],
@@ -211,12 +216,13 @@ CRITERIA = {
     "ddp_step": (2, "wrap_model + train_step on 2 and 3 ranks give the weights of one process on the global batch"),
     "metrics": (1, "global_mean is the mean over every rank's samples, on every rank"),
     "training_job": (3, "train() shards and reshuffles, trains DDP to the weights of one process on the same global "
-                        "batches, logs on rank 0 only and saves rank 0's model"),
-    "target": (4, "the model your notebook saved reaches the target accuracy on held-out data made at grading time"),
+                        "batches, logs on rank 0 only and saves a checkpoint of rank 0's model every epoch"),
+    "target": (4, "two consecutive checkpoints your notebook saved reach the target accuracy on held-out data made "
+                  "at grading time"),
 }
 
 
-def rank_run(name: str, ns: dict, secret: int, model_path: str) -> dict:
+def rank_run(name: str, ns: dict, secret: int, checkpoint_dir: str) -> dict:
     """Criterion ``name``'s half on this rank, with this rank's own seed (the probe and the checks both use it)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     if name == "sharding":
@@ -225,7 +231,7 @@ def rank_run(name: str, ns: dict, secret: int, model_path: str) -> dict:
         return rank_ddp_step(ns, rank_seed(secret, world, rank))
     if name == "metrics":
         return rank_metrics(ns, rank_seed(secret, world, rank))
-    return rank_job(ns, rank_seed(secret, world, SHARED), model_path)
+    return rank_job(ns, rank_seed(secret, world, SHARED), checkpoint_dir)
 
 
 def check_on_engines(name: str, ns: dict, seed: int = 0, **options) -> None:

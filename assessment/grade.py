@@ -43,7 +43,7 @@ COURSE = "/course"   # where the sandboxes see the grading view of the learner b
 
 PROBE_WORLDS = (2, 3)
 BASELINE_CELL, RUN_CELL = "asmt-03", "asmt-20"   # the one-process baseline, and the run that counts
-WRITTEN = ("q1", "q2")
+WRITTEN = ("q1", "q2", "q3")
 
 
 @dataclass
@@ -63,7 +63,7 @@ def _criteria():
 
 
 def evaluate_model(path: Path, seed: int) -> tuple[float | None, str]:
-    """Accuracy of the saved state_dict on fresh held-out images, or None and the reason.
+    """Accuracy of one saved state_dict on fresh held-out images, or None and the reason.
 
     The file is untrusted: ``model_file`` checks the archive and loads it in a memory-limited process."""
     import torch
@@ -71,19 +71,54 @@ def evaluate_model(path: Path, seed: int) -> tuple[float | None, str]:
     from utils import data, models
     from . import model_file, settings
     if not path.exists():
-        return None, "your notebook saved no model file (settings.MODEL_FILE): the run that counts did not finish"
+        return None, f"no file {path.name}"
     model = models.CNN((1, 28, 28))
     expected = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
     try:
         state = model_file.load_state_dict(path, expected)
     except model_file.ModelFileError as error:
-        return None, f"the saved model file was refused: {error}"
+        return None, f"the saved model file was refused ({path.name}): {error}"
     model.load_state_dict(state)
-    fresh = data.shapes(num_samples=settings.EVAL_SIZE * 5 // 4 // 10 * 10, seed=seed)
+    fresh = _fresh_images(seed)
     model.eval()
     with torch.no_grad():
         accuracy = (model(fresh.x_train).argmax(1) == fresh.y_train).float().mean().item()
     return accuracy, ""
+
+
+@functools.lru_cache(maxsize=2)
+def _fresh_images(seed: int):
+    """EVAL_SIZE held-out images the submission never saw, drawn like the course's (difficulty included)."""
+    from utils import data
+    from . import settings
+    return data.shapes(num_samples=settings.EVAL_SIZE * 5 // 4 // 10 * 10, seed=seed, difficulty=settings.DIFFICULTY)
+
+
+def judge_checkpoints(folder: Path, seed: int) -> tuple[bool, str]:
+    """Whether two consecutive epochs' checkpoints reach the target on fresh images, and the feedback.
+
+    Every checkpoint is evaluated (on the same fresh images); a missing or refused one breaks the run."""
+    from . import settings
+    accuracies, problems = [], []
+    for epoch in range(1, settings.EPOCHS + 1):
+        accuracy, why = evaluate_model(folder / settings.checkpoint_name(epoch), seed)
+        accuracies.append(accuracy)
+        if why:
+            problems.append(why)
+    if all(a is None for a in accuracies):
+        return False, (f"your notebook saved no checkpoint in {settings.CHECKPOINT_DIR}/ (settings.checkpoint_name"
+                       f"(1) to ({settings.EPOCHS})): the run that counts did not finish"
+                       + (f"; {problems[0]}" if problems and "no file" not in problems[0] else ""))
+    shown = ", ".join("-" if a is None else f"{a:.3f}" for a in accuracies)
+    summary = (f"accuracy of your checkpoints after epochs 1-{settings.EPOCHS} on {settings.EVAL_SIZE} fresh "
+               f"held-out images: {shown}")
+    for epoch in range(1, settings.EPOCHS):
+        pair = accuracies[epoch - 1:epoch + 1]
+        if None not in pair and min(pair) >= settings.TARGET:
+            return True, f"{summary}; at or above the target {settings.TARGET:.2f} after epochs {epoch} and {epoch + 1}"
+    refused = [p for p in problems if "no file" not in p]
+    return False, (f"{summary}; the target is {settings.TARGET:.2f} at two consecutive epochs"
+                   + (f" ({refused[0]})" if refused else ""))
 
 
 RESULTS_BYTES = 16 << 20   # a rank's results are tiny tensors and lists: more is an attack
@@ -173,7 +208,8 @@ def _grade(path: Path, out: Path, options: argparse.Namespace, grade: Grade) -> 
         nbformat.write(without_checks(submission.restored), work / "submission.ipynb")
         command = [sys.executable, "-m", "assessment.run_notebook", "submission.ipynb", "executed.ipynb",
                    "status.json", str(options.cell_timeout)]
-        result = sandbox.run(command, work, ["executed.ipynb", "status.json", settings.MODEL_FILE], ran,
+        checkpoints = [f"{settings.CHECKPOINT_DIR}/{settings.checkpoint_name(e)}" for e in range(1, settings.EPOCHS + 1)]
+        result = sandbox.run(command, work, ["executed.ipynb", "status.json", *checkpoints], ran,
                              sandbox.Limits(wall_s=options.notebook_timeout), env, options.mode, view)
         status = _status(ran / "status.json")
         grade.ran = result.returncode == 0 and not result.timed_out and (ran / "executed.ipynb").exists()
@@ -207,17 +243,15 @@ def _grade(path: Path, out: Path, options: argparse.Namespace, grade: Grade) -> 
             if reason:
                 grade.reasons[name] = reason
 
-        accuracy, why = evaluate_model(ran / settings.MODEL_FILE, secrets.randbelow(2**31))
-        if accuracy is None:
-            grade.reasons["target"] = run_problem or why
-        elif accuracy < settings.TARGET:
-            grade.reasons["target"] = (f"your saved model reached {accuracy:.3f} on {settings.EVAL_SIZE} fresh held-out "
-                                       f"images; the target is {settings.TARGET:.2f}")
+        reached, why = judge_checkpoints(ran, secrets.randbelow(2**31))   # kept files come back by base name
+        if not reached:
+            grade.reasons["target"] = (f"{run_problem}; {why}" if run_problem and "saved no checkpoint" in why
+                                       else why)
         elif (over := _over_time_budget(result.seconds, options)) is not None:
             grade.reasons["target"] = over
         else:
             grade.points["target"] = criteria["target"][0]
-            grade.reasons["target"] = f"accuracy {accuracy:.3f} on fresh held-out images (target {settings.TARGET:.2f})"
+            grade.reasons["target"] = why
         if run_problem:
             grade.notes.insert(0, run_problem)
     finally:

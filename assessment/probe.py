@@ -126,13 +126,13 @@ def _rank(rank: int, world: int, port: int, code: str, out: str, seeds: dict) ->
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
     ns = engine_names(rank, world)
-    model_path = str(Path(out) / f"job_world{world}.pt")
+    checkpoint_dir = str(Path(out) / f"job_world{world}")
     # Bound now, before the learner's code runs: replacing criteria.rank_* later changes nothing here.
     mine, shared = seeds["rank"], seeds["shared"]
     runs = {"sharding": functools.partial(criteria.rank_sharding, ns, 4 * world, shared),
             "ddp_step": functools.partial(criteria.rank_ddp_step, ns, mine),
             "metrics": functools.partial(criteria.rank_metrics, ns, mine),
-            "training_job": functools.partial(criteria.rank_job, ns, shared, model_path)}
+            "training_job": functools.partial(criteria.rank_job, ns, shared, checkpoint_dir)}
     del seeds, mine
     barrier, result_file = dist.barrier, Path(out) / f"world{world}_rank{rank}.pt"
     save = functools.partial(_save, torch.save)

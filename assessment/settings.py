@@ -2,21 +2,32 @@
 
 The task: the baseline trains one process at BASE_BATCH with BASE_LR; the learner's data-parallel
 job must train at GLOBAL_BATCH (SCALE times larger, so SCALE times fewer steps) for the same EPOCHS
-and still reach TARGET accuracy on held-out data that the grader makes afresh at grading time.
+and still reach TARGET accuracy at two evaluations in a row (two consecutive epochs' checkpoints),
+on held-out images that the grader draws afresh at grading time. The images are the shapes set at
+DIFFICULTY "hard", on which the CNN plateaus well below 100%. How these were chosen, and what each
+learning-rate strategy reaches with them over seeds: benchmarks/README.md, "The assessment's
+learning-rate decision" (benchmarks/bench_assessment_strategies.py).
 """
 from utils import config
 
 WORKERS = 2                      # engines, one rank each
+DIFFICULTY = "hard"              # utils.data.shapes(difficulty=...)
 BASE_BATCH = 32
 BASE_LR = 0.02                   # SGD with momentum MOMENTUM; tuned for BASE_BATCH
 MOMENTUM = 0.9
-SCALE = 4
+SCALE = config.pick(quick=4, full=16)
 GLOBAL_BATCH = SCALE * BASE_BATCH
-EPOCHS = 4
-TRAIN_SIZE = config.pick(quick=2400, full=9600)   # shapes images for training (lab 06's offline set)
+EPOCHS = config.pick(quick=3, full=20)
+TRAIN_SIZE = config.pick(quick=2400, full=9600)   # images for training (9600 + 2400 = the set's 12000)
 TEST_SIZE = config.pick(quick=600, full=2400)
-TARGET = config.pick(quick=0.25, full=0.70)       # held-out accuracy the saved model must reach
-# Quick mode (the test suite) trains 76 steps: its target only tells a trained model from an untrained one.
+TARGET = config.pick(quick=0.2, full=0.60)        # held-out accuracy two consecutive checkpoints must reach
+# Quick mode (the test suite) trains 3 epochs of 18 steps: its target only tells a trained model from
+# an untrained one (chance is 0.10).
 EVAL_SIZE = 2000                 # fresh held-out images the grader draws for every submission
-MODEL_FILE = "assessment_model.pt"
+CHECKPOINT_DIR = "checkpoints"   # rank 0 saves the model there after every epoch: epoch_01.pt, epoch_02.pt, ...
 TIME_FACTOR = 1.0                # on a GPU: the DDP run may take at most this times the baseline's time
+
+
+def checkpoint_name(epoch: int) -> str:
+    """The file rank 0 saves after epoch ``epoch`` (counted from 1) in the checkpoint folder."""
+    return f"epoch_{epoch:02d}.pt"

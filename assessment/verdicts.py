@@ -9,6 +9,7 @@ engines (``check_on_engines``), with seeds that are no secret.
 """
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import torch
@@ -173,13 +174,18 @@ def judge_job(results: list[dict], secret: int) -> str | None:
                 "each step is one train_step on this rank's batch of the DDP model, then scheduler.step(); no extra "
                 "steps, no extra gradient averaging, no change to the gradients")
     saved = results[0]["saved"]
-    if saved is None:
-        return "no model was saved at model_path: rank 0 saves the trained model's state_dict there"
-    if isinstance(saved, str):
-        return f"the file at model_path could not be read as a state_dict ({saved})"
-    if saved["keys"] != results[0]["keys"] or not _same(saved["values"], results[0]["weights"], 1e-6):
-        return ("the saved state_dict is not the trained model's: save model.module.state_dict() (the model "
-                "inside DDP, so the keys have no 'module.' prefix) after the last epoch")
+    for epoch, state in enumerate(saved, 1):
+        if state is None:
+            return (f"after epoch {epoch} of {JOB_EPOCHS} rank 0 saved no checkpoint: it saves the model's state_dict "
+                    f"in checkpoint_dir as settings.checkpoint_name({epoch}) after every epoch")
+        if isinstance(state, str):
+            return f"the checkpoint of epoch {epoch} could not be read as a state_dict ({state})"
+        if state["keys"] != results[0]["keys"]:
+            return ("a checkpoint's keys are not the model's: save model.module.state_dict() (the model inside DDP, so "
+                    "the keys have no 'module.' prefix)")
+    if not _same(saved[-1]["values"], results[0]["weights"], 1e-6):
+        return ("the last epoch's checkpoint is not the trained model: save model.module.state_dict() after each "
+                "epoch's training")
     return None
 
 
@@ -212,7 +218,7 @@ def check_on_engines(name: str, ns: dict, seed: int = 0, **options) -> None:
     with exercise(f"Criterion '{name}'"):
         world = dist.get_world_size()
         saved = {key: ns[key] for key in ("train_set", "test_set", "make_model", "make_optimizer") if key in ns}
-        path = str(Path(options.get("folder", ".")) / f".check_job_{world}.pt")
+        path = str(Path(options.get("folder", ".")) / f".check_job_{world}")
         try:
             if name == "sharding" and "global_batch" in options:
                 mine = rank_sharding(ns, options["global_batch"], seed)
@@ -221,7 +227,7 @@ def check_on_engines(name: str, ns: dict, seed: int = 0, **options) -> None:
         finally:
             ns.update(saved)
             if dist.get_rank() == 0:
-                Path(path).unlink(missing_ok=True)
+                shutil.rmtree(path, ignore_errors=True)
         results = [None] * world
         dist.all_gather_object(results, mine)
         if name == "sharding" and "global_batch" in options:

@@ -67,7 +67,7 @@ def tampered():
     nb = instructor()
     nb.cells = [c for c in nb.cells if c.id not in ("asmt-09", "asmt-12")]
     nb.cells.insert(1, nb.cells.pop(5))
-    cell(nb, "asmt-20").source = "%%px\nhistory = train(settings.EPOCHS * 3, settings.BASE_BATCH, settings.MODEL_FILE)"
+    cell(nb, "asmt-20").source = "%%px\nhistory = train(settings.EPOCHS * 3, settings.BASE_BATCH, settings.CHECKPOINT_DIR)"
     return nb
 
 
@@ -91,9 +91,11 @@ except OSError:
 seen = {p: open(f"/proc/{p}/environ", "rb").read() for p in os.listdir("/proc") if p.isdigit()
         and os.access(f"/proc/{p}/environ", os.R_OK)}
 
-def train(epochs, global_batch, model_path):          # no training: a fake model and fake logs
+def train(epochs, global_batch, checkpoint_dir):      # no training: fake checkpoints and fake logs
     if rank == 0:
-        torch.save({"weight": torch.zeros(3)}, model_path)
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        for epoch in range(1, epochs + 1):
+            torch.save({"weight": torch.zeros(3)}, os.path.join(checkpoint_dir, settings.checkpoint_name(epoch)))
         print("epoch 3  train loss 0.001  test accuracy 0.990")
     return [{"epoch": 3, "train_loss": 0.001, "test_accuracy": 0.99, "seconds": 0.1}]
 """
@@ -172,10 +174,12 @@ for _ in range(40 if _handle is not None else 0):   # None outside IPython (in t
     _handle.update("u" * 200_000)
 # The model file the run saves is swapped for sparse tensors after the run that counts.
 _train = train
-def train(epochs, global_batch, model_path):
-    history = _train(epochs, global_batch, model_path)
-    if globals().get("rank", 0) == 0 and model_path == settings.MODEL_FILE:
-        torch.save({k: v.to_sparse() for k, v in torch.load(model_path).items()}, model_path)
+def train(epochs, global_batch, checkpoint_dir):
+    history = _train(epochs, global_batch, checkpoint_dir)
+    if globals().get("rank", 0) == 0 and checkpoint_dir == settings.CHECKPOINT_DIR:
+        import glob
+        for path in glob.glob(f"{checkpoint_dir}/*.pt"):
+            torch.save({k: v.to_sparse() for k, v in torch.load(path).items()}, path)
     return history
 """.replace("HOST_MARKER", HOST_MARKER)
 
@@ -206,8 +210,11 @@ for _code in _solutions():
 # Found by an outside test. A cell without %%px ran in the notebook's kernel, where the given baseline
 # lives, and saved its model; the grader now runs every learner cell where the course's cell runs.
 BASELINE_IN_THE_KERNEL = """
+import os
 model, _ = train_one_process(settings.EPOCHS, settings.BASE_BATCH, settings.BASE_LR)
-torch.save(model.state_dict(), settings.MODEL_FILE)
+os.makedirs(settings.CHECKPOINT_DIR, exist_ok=True)
+for epoch in range(1, settings.EPOCHS + 1):
+    torch.save(model.state_dict(), os.path.join(settings.CHECKPOINT_DIR, settings.checkpoint_name(epoch)))
 """
 # A lone surrogate in an error, and a status file planted read-only: each once ended the batch.
 SURROGATE = "%%px\nraise ValueError('\\ud800')"
@@ -229,7 +236,7 @@ def batch() -> dict:
         "d_invalid_json": '{"cells": [ this is not json',
         "e_other_course": other,
         "f_tampered": tampered(),
-        "g_infinite_loop": appended("asmt-17", "def train(epochs, global_batch, model_path):\n    while True:\n        pass"),
+        "g_infinite_loop": appended("asmt-17", "def train(epochs, global_batch, checkpoint_dir):\n    while True:\n        pass"),
         # sys.exit on the engines (and in the probe's ranks), then os._exit on the engines
         "h_exits": edited({"asmt-14": "import os\nos._exit(3)"}, appended("asmt-11", "import sys\nsys.exit(2)")),
         "i_cheater": appended("asmt-17", CHEATER.replace("%%px\n", "", 1)),
@@ -325,8 +332,8 @@ def test_the_csv_has_a_row_per_submission_and_the_columns_instructors_need(grade
     assert set(table) == {grade_module.csv_cell(sandbox.printable(os.fsencode(name).decode("utf-8", "replace")))
                           for name in batch()}
     header = list(next(iter(table.values())))
-    assert header == ["submission", *CRITERIA, "total", "max_total", "q1", "q2", "grader_error"]
-    assert all(int(row["max_total"]) == FULL and row["q1"] == row["q2"] == "" for row in table.values())
+    assert header == ["submission", *CRITERIA, "total", "max_total", "q1", "q2", "q3", "grader_error"]
+    assert all(int(row["max_total"]) == FULL and row["q1"] == row["q2"] == row["q3"] == "" for row in table.values())
     assert len(feedback) == len(table), "two submissions' feedback went to one file"
     assert f"graded {len(batch())}:" in done.stderr and "failed to run" in done.stderr
     assert "isolation: bwrap" in done.stderr and "whole-submission caps" in done.stderr
@@ -343,7 +350,7 @@ def test_the_learner_edition_scores_zero_and_says_why(graded):
     text = feedback["b_learner"]
     for name in ("sharding", "ddp_step", "metrics", "training_job"):
         assert f"**{name}** (0/" in text
-    assert "NotImplementedError" in text and "saved no model" in text
+    assert "NotImplementedError" in text and "saved no checkpoint" in text
 
 
 def test_a_half_solved_notebook_gets_exactly_the_points_it_earned(graded):
@@ -435,7 +442,7 @@ def test_the_thiefs_and_breakers_notebook_scores_zero_and_breaks_nothing(graded)
     text = feedback["l_thief"]
     assert total(table["l_thief"]) == 0, text
     assert "\x1b" not in text and "\ud800" not in text
-    assert "saved no model file" in text, text   # the kernel's baseline was out of reach of the learner's cell
+    assert "saved no checkpoint" in text, text   # the kernel's baseline was out of reach of the learner's cell
 
 
 def test_left_processes_a_flood_of_output_and_a_full_disk_do_not_reach_the_grader(graded):

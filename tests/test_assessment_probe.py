@@ -53,7 +53,7 @@ def global_mean(total, count):                              # the mean of the ra
     t = torch.tensor([total / count]); dist.all_reduce(t)
     return (t / world_size).item()
 
-def train(epochs, global_batch, model_path):                # prints on every rank
+def train(epochs, global_batch, checkpoint_dir):                # prints on every rank
     model = make_model()
     print("epoch 0 on rank", rank)
 """
@@ -74,7 +74,7 @@ def train_step(model, optimizer, x, y):                     # the loss scaled by
 def global_mean(total, count):                              # no reduction at all
     return total / count
 
-def train(epochs, global_batch, model_path):                # never calls set_epoch
+def train(epochs, global_batch, checkpoint_dir):                # never calls set_epoch
     model = wrap_model(make_model())
     sampler = DistributedSampler(train_set, shuffle=True, seed=0)
     loader = DataLoader(train_set, batch_size=global_batch // world_size, sampler=sampler)
@@ -85,10 +85,12 @@ def train(epochs, global_batch, model_path):                # never calls set_ep
         if rank == 0:
             print("epoch", epoch)
     if rank == 0:
-        torch.save(model.module.state_dict(), model_path)
+        torch.save(model.module.state_dict(), checkpoint_dir)
 """
 
 WRONG_C = """
+import os
+
 def make_train_loader(train_set, global_batch, seed):      # sharded but never shuffled
     sampler = DistributedSampler(train_set, shuffle=False)
     return DataLoader(train_set, batch_size=global_batch // world_size, sampler=sampler), sampler
@@ -104,20 +106,20 @@ def train_step(model, optimizer, x, y):                     # forgets zero_grad:
 def global_mean(total, count):
     raise NotImplementedError("Hint: a global sum divided by a global count")
 
-def train(epochs, global_batch, model_path):                # saves the DDP wrapper's state_dict
+def train(epochs, global_batch, checkpoint_dir):                # saves the DDP wrapper's state_dict
     model = wrap_model(make_model())
     loader, sampler = make_train_loader(train_set, global_batch, 0)
     sampler = DistributedSampler(train_set, shuffle=True, seed=0)
     loader = DataLoader(train_set, batch_size=global_batch // world_size, sampler=sampler)
-    optimizer, schedule = make_optimizer(model.parameters(), global_batch, len(loader))
+    optimizer, schedule = make_optimizer(model.parameters(), global_batch, len(loader), epochs)
+    os.makedirs(checkpoint_dir, exist_ok=True)
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
         for x, y in loader:
             optimizer.zero_grad(); F.cross_entropy(model(x), y).backward(); optimizer.step(); schedule.step()
         if rank == 0:
             print("epoch", epoch)
-    if rank == 0:
-        torch.save(model.state_dict(), model_path)
+            torch.save(model.state_dict(), os.path.join(checkpoint_dir, settings.checkpoint_name(epoch + 1)))
 """
 
 
@@ -130,7 +132,7 @@ def _job_with(old: str, new: str) -> str:
 
 JOB_MISTAKES = {
     # an optimizer of its own: the grader cannot compare the run with one process
-    "own-optimizer": (("optimizer, schedule = make_optimizer(model.parameters(), global_batch, len(loader))",
+    "own-optimizer": (("optimizer, schedule = make_optimizer(model.parameters(), global_batch, len(loader), epochs)",
                        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1); "
                        "schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)"), "make_optimizer"),
     # the gradients all-reduced a second time by hand, after DDP already averaged them
@@ -139,23 +141,30 @@ JOB_MISTAKES = {
                                  "            for p in model.parameters():\n"
                                  "                dist.all_reduce(p.grad)\n"
                                  "            optimizer.step()"), "not those of one process"),
+    # one file at the end, not a checkpoint per epoch: the grader could not see two evaluations in a row
+    "saves-only-at-the-end": (("            torch.save(model.module.state_dict(), os.path.join(checkpoint_dir, "
+                               "settings.checkpoint_name(epoch + 1)))",
+                               "            if epoch == epochs - 1:\n"
+                               "                torch.save(model.module.state_dict(), os.path.join(checkpoint_dir, "
+                               "settings.checkpoint_name(epoch + 1)))"), "after epoch 1 of 2 rank 0 saved no checkpoint"),
 }
 
 
 # Found by an outside test: no DDP and no collective, each rank computes every rank's share itself, so
 # the weights equal one process's on the global batches.
 REPLICATED = """
-def make_optimizer(parameters, global_batch, steps_per_epoch):
+def make_optimizer(parameters, global_batch, steps_per_epoch, epochs):
     optimizer = torch.optim.SGD(parameters, lr=BASE_LR * global_batch / BASE_BATCH, momentum=settings.MOMENTUM)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
 
 
-def train(epochs, global_batch, model_path):
+def train(epochs, global_batch, checkpoint_dir):
     # No DDP, no collective: each rank computes every rank's share of each global batch itself.
+    import os
     import time
     model = make_model()
     loader, sampler = make_train_loader(train_set, global_batch, seed=0)
-    optimizer, schedule = make_optimizer(model.parameters(), global_batch, len(loader))
+    optimizer, schedule = make_optimizer(model.parameters(), global_batch, len(loader), epochs)
     per = global_batch // world_size
     xs, ys = (train_set.x, train_set.y) if hasattr(train_set, "x") else train_set.tensors
     history = []
@@ -190,8 +199,9 @@ def train(epochs, global_batch, model_path):
                         "seconds": time.perf_counter() - start})
         if rank == 0:
             print(f"epoch {epoch} train loss {total / count:.3f} test accuracy {acc:.3f}")
-    if rank == 0:
-        torch.save(model.state_dict(), model_path)
+        if rank == 0:
+            os.makedirs(checkpoint_dir, exist_ok=True)
+            torch.save(model.state_dict(), os.path.join(checkpoint_dir, settings.checkpoint_name(epoch + 1)))
     return history
 """
 

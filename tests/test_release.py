@@ -203,3 +203,24 @@ def test_the_graders_sandbox_view_has_no_judge_reference_grader_or_tests(tmp_pat
         assert hidden not in names
     assert not any(name.startswith(("tests/", "labs/")) for name in names)
     assert {"assessment/criteria.py", "assessment/probe.py", "assessment/run_notebook.py"} <= names
+
+
+# The assessment leaves the learning-rate decision to the learner (lab 07 taught the options): no word
+# of what the learner ships with may name a technique or the API that implements one.
+ANSWER_WORDS = ("linear scaling", "scaling rule", "square root", "square-root", "sqrt", "warm-up", "warmup",
+                "warm up", "ramp", "cosine", "decay", "anneal", "LinearLR", "LambdaLR", "StepLR", "OneCycle",
+                "SequentialLR", "Goyal", "LARS", "LAMB", "scale the learning rate", "scaled learning rate")
+
+
+def test_the_assessment_as_learners_get_it_names_no_learning_rate_technique(tmp_path):
+    import re
+    release.write_release(tmp_path / "bundle")
+    nb = nbformat.read(tmp_path / "bundle" / "assessment" / "assessment.ipynb", as_version=4)
+    texts = {f"cell {c.id}": c.source for c in nb.cells}
+    texts.update({f"assessment/{p.name}": p.read_text() for p in (tmp_path / "bundle" / "assessment").glob("*.py")})
+    found = {where: word for where, text in texts.items() for word in ANSWER_WORDS
+             if re.search(rf"(?<![A-Za-z]){re.escape(word)}(?![A-Za-z])", text, re.IGNORECASE)}
+    assert not found, f"the learner's assessment names the answer: {found}"
+    # the instructor's edition does name them: the words would be found if they were there
+    solution = nbformat.read(ROOT / "assessment" / "assessment.ipynb", as_version=4)
+    assert any(re.search("warm-up", c.source, re.IGNORECASE) for c in solution.cells)
