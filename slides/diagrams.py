@@ -204,7 +204,7 @@ def draw_sharp_flat() -> str:
 
     def path(shift, colour, dash):
         xs = [-3.5 + 7 * k / 400 for k in range(401)]
-        points = " ".join(f"{80 + (x + 3.5) * 105:.1f},{60 + 280 * loss(x - shift):.1f}" for x in xs)
+        points = " ".join(f"{80 + (x + 3.5) * 105:.1f},{340 - 280 * loss(x - shift):.1f}" for x in xs)
         style = ' stroke-dasharray="8,5"' if dash else ""
         return f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="3"{style}/>'
 
@@ -215,9 +215,9 @@ def draw_sharp_flat() -> str:
             _text(860, 52, "test loss (shifted)", 15, anchor="end", colour="#e6550d")]
     for centre in (-1.6, 1.8):
         x = 80 + (centre + 3.5) * 105
-        y0, y1 = 60 + 280 * loss(centre), 60 + 280 * loss(centre - shift)
+        y0, y1 = 340 - 280 * loss(centre), 340 - 280 * loss(centre - shift)
         body.append(f'<line x1="{x:.1f}" y1="{y0:.1f}" x2="{x:.1f}" y2="{y1:.1f}" stroke="#c0392b" stroke-width="2"/>')
-        body.append(_text(x + 8, (y0 + y1) / 2 - 12, f"gap {loss(centre - shift) - loss(centre):.2f}", 14, anchor="start",
+        body.append(_text(x + 10, (y0 + y1) / 2, f"gap {loss(centre - shift) - loss(centre):.2f}", 14, anchor="start",
                           colour="#c0392b"))
     return _svg(900, 380, body)
 
@@ -269,3 +269,41 @@ def diagrams() -> dict:
                  "training_loop.svg": draw_training_loop, "sharp_flat.svg": draw_sharp_flat,
                  "hogwild.svg": draw_hogwild, "parle.svg": draw_parle})
     return made
+
+
+def draw_curves(curves: dict, xlabel: str, ylabel: str, title: str, machine: str, target: float | None = None) -> str:
+    """A line chart of recorded runs: ``curves`` maps a label to a list of runs, each a list of
+    values per epoch; each run is drawn thin, their mean thick."""
+    colours = ("#3182bd", "#e6550d", "#31a354", "#756bb1", "#636363", "#d62728")
+    runs = [v for lines in curves.values() for line in lines for v in line]
+    top = max(runs + ([target] if target is not None else []))
+    longest = max(len(line) for lines in curves.values() for line in lines)
+    x0, y0, w, h = 80, 50, 560, 300
+
+    def point(i, v):
+        return x0 + w * i / max(longest - 1, 1), y0 + h * (1 - v / top)
+
+    body = [_text(450, 22, title, 16, weight="bold"),
+            f'<rect x="{x0}" y="{y0}" width="{w}" height="{h}" fill="none" stroke="#999"/>',
+            _text(x0 + w / 2, y0 + h + 30, xlabel, 14), _text(x0 - 60, y0 - 14, ylabel, 14, anchor="start"),
+            _text(20, y0 + h + 58, f"Recorded on {machine}", 12, anchor="start", colour="#555")]
+    for k in range(5):
+        v = top * k / 4
+        body.append(_text(x0 - 6, point(0, v)[1], f"{v:.2f}", 11, anchor="end", colour="#555"))
+    for i in range(0, longest, max(1, longest // 5)):
+        body.append(_text(point(i, 0)[0], y0 + h + 12, i + 1, 11, colour="#555"))
+    if target is not None:
+        ty = point(0, target)[1]
+        body.append(f'<line x1="{x0}" y1="{ty:.1f}" x2="{x0 + w}" y2="{ty:.1f}" stroke="#c0392b" stroke-dasharray="6,4"/>')
+        body.append(_text(x0 + w - 4, ty - 10, f"target {target:g}", 12, anchor="end", colour="#c0392b"))
+    for k, (label, lines) in enumerate(curves.items()):
+        colour = colours[k % len(colours)]
+        for line in lines:
+            pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in (point(i, v) for i, v in enumerate(line)))
+            body.append(f'<polyline points="{pts}" fill="none" stroke="{colour}" stroke-width="1" opacity="0.45"/>')
+        mean = [sum(vs) / len(vs) for vs in zip(*lines)]
+        pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in (point(i, v) for i, v in enumerate(mean)))
+        body.append(f'<polyline points="{pts}" fill="none" stroke="{colour}" stroke-width="3"/>')
+        body.append(_text(x0 + w + 20, y0 + 20 + 26 * k, f"{label} ({len(lines)} run{'s' * (len(lines) > 1)})", 14,
+                          anchor="start", colour=colour))
+    return _svg(900, 420, body)
