@@ -1,6 +1,7 @@
 """The checks of lab 08: right answers pass, the typical wrong ones fail with their own message.
 
-8.1 runs on a cluster of 2 MPI engines (mpiexec from the mpich wheel), as the lab does. The functions
+8.1 runs on a cluster of 3 MPI engines (mpiexec from the mpich wheel): a divisor written as 2, or a
+sum over MPI.COMM_WORLD instead of the communicator given, would pass on 2 ranks of COMM_WORLD alone. The functions
 sent there are @interactive: ipyparallel sends them by value, as it does functions of a notebook.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.timeout(600)
 
 @pytest.fixture(scope="module")
 def mpi_workers():
-    started = cluster.start(2, engines="mpi", backend="gloo", activate=False)
+    started = cluster.start(3, engines="mpi", backend="gloo", activate=False)
     yield started
     cluster.stop()
 
@@ -31,28 +32,74 @@ def mpi_workers():
 def right_average(model, comm):
     from mpi4py import MPI
     for tensor in list(model.parameters()) + list(model.buffers()):
-        values = tensor.detach().numpy()
-        comm.Allreduce(MPI.IN_PLACE, values, op=MPI.SUM)
-        values /= comm.Get_size()
+        if tensor.is_floating_point():
+            values = tensor.detach().numpy()
+            comm.Allreduce(MPI.IN_PLACE, values, op=MPI.SUM)
+            values /= comm.Get_size()
 
 
 @interactive
 def summed(model, comm):
     from mpi4py import MPI
     for tensor in list(model.parameters()) + list(model.buffers()):
-        comm.Allreduce(MPI.IN_PLACE, tensor.detach().numpy(), op=MPI.SUM)
+        if tensor.is_floating_point():
+            comm.Allreduce(MPI.IN_PLACE, tensor.detach().numpy(), op=MPI.SUM)
+
+
+@interactive
+def divided_by_two(model, comm):
+    from mpi4py import MPI
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        if tensor.is_floating_point():
+            values = tensor.detach().numpy()
+            comm.Allreduce(MPI.IN_PLACE, values, op=MPI.SUM)
+            values /= 2
+
+
+@interactive
+def over_comm_world(model, comm):
+    from mpi4py import MPI
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        if tensor.is_floating_point():
+            values = tensor.detach().numpy()
+            MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, values, op=MPI.SUM)
+            values /= MPI.COMM_WORLD.Get_size()
+
+
+@interactive
+def integers_too(model, comm):
+    from mpi4py import MPI
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        values = tensor.detach().numpy()
+        comm.Allreduce(MPI.IN_PLACE, values, op=MPI.SUM)
+        if tensor.is_floating_point():
+            values /= comm.Get_size()
+        else:
+            values //= comm.Get_size()
+
+
+@interactive
+def pickled(model, comm):
+    import torch as t
+    from mpi4py import MPI
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        if tensor.is_floating_point():
+            total = comm.allreduce(tensor.detach().numpy(), op=MPI.SUM)
+            with t.no_grad():
+                tensor.copy_(t.from_numpy(total / comm.Get_size()))
 
 
 @interactive
 def reduced_to_root(model, comm):
     from mpi4py import MPI
     for tensor in list(model.parameters()) + list(model.buffers()):
-        values = tensor.detach().numpy()
-        if comm.Get_rank() == 0:
-            comm.Reduce(MPI.IN_PLACE, values, op=MPI.SUM, root=0)
-            values /= comm.Get_size()
-        else:
-            comm.Reduce(values, None, op=MPI.SUM, root=0)
+        if tensor.is_floating_point():
+            values = tensor.detach().numpy()
+            if comm.Get_rank() == 0:
+                comm.Reduce(MPI.IN_PLACE, values, op=MPI.SUM, root=0)
+                values /= comm.Get_size()
+            else:
+                comm.Reduce(values, None, op=MPI.SUM, root=0)
 
 
 @interactive
@@ -68,9 +115,10 @@ def parameters_only(model, comm):
 def into_a_copy(model, comm):
     from mpi4py import MPI
     for tensor in list(model.parameters()) + list(model.buffers()):
-        values = tensor.detach().numpy().copy()
-        comm.Allreduce(MPI.IN_PLACE, values, op=MPI.SUM)
-        values /= comm.Get_size()
+        if tensor.is_floating_point():
+            values = tensor.detach().numpy().copy()
+            comm.Allreduce(MPI.IN_PLACE, values, op=MPI.SUM)
+            values /= comm.Get_size()
 
 
 @interactive
@@ -84,10 +132,14 @@ def test_average_right_passes(mpi_workers):
 
 @pytest.mark.parametrize("wrong, message", [
     (summed, "holds the sum over the ranks, not the mean"),
+    (divided_by_two, "holds the sum divided by 2"),
+    (over_comm_world, "holds the mean over all 3 ranks of MPI.COMM_WORLD"),
+    (integers_too, "num_batches_tracked (an integer buffer"),
+    (pickled, "you called comm.allreduce, mpi4py's lower-case method"),
     (reduced_to_root, "rank 1: scale is unchanged"),
     (parameters_only, "running is unchanged"),
     (into_a_copy, "rank 0: scale is unchanged"),
-], ids=["sum", "Reduce", "no buffers", "a copy"])
+], ids=["sum", "divisor 2", "COMM_WORLD", "integer buffer", "pickled allreduce", "Reduce", "no buffers", "a copy"])
 def test_average_mistakes(mpi_workers, wrong, message):
     assert message in fails(lambda fn: lab08.check_average(mpi_workers, fn), wrong, Incorrect)
 

@@ -1,7 +1,8 @@
 """Checks for labs/08_beyond_sync_sgd.ipynb.
 
 8.1 runs the learner's weight average on the MPI engines, every rank at once, with a model whose
-weights differ by rank (two dtypes, a buffer). 8.2 runs the learner's Hogwild worker twice: alone in
+weights differ by rank (two dtypes, float buffers, a BatchNorm's integer step counter), on all ranks
+and on a sub-communicator, and refuses mpi4py's pickle-based lower-case methods. 8.2 runs the learner's Hogwild worker twice: alone in
 this process against a reference with the same random order, then in two spawned processes on one
 model in shared memory, where each process's shard touches weights of its own, so the check sees
 whether both processes' updates reached the shared weights.
@@ -16,8 +17,8 @@ from .engines import prepare, run_case, Wrong
 
 HINTS = {
     "8.1": """Step by step:
-1. p = comm.Get_size().
-2. For every tensor of list(model.parameters()) + list(model.buffers()) (floating point ones):
+1. p = comm.Get_size() (the communicator you are given, which need not be MPI.COMM_WORLD).
+2. For every tensor of list(model.parameters()) + list(model.buffers()) that is floating point:
    values = tensor.detach().numpy() shares the tensor's memory;
    comm.Allreduce(MPI.IN_PLACE, values, op=MPI.SUM) sums it over the ranks, on every rank;
    values /= p makes the sum a mean (still in the tensor's memory).""",
@@ -38,9 +39,13 @@ hint = hint_for(HINTS)  # lab08.hint("8.1") prints that exercise's step-by-step 
 
 # --- 8.1 the weight average with Allreduce ----------------------------------------------------------
 
+_PICKLING = ("allreduce", "reduce", "bcast", "allgather", "gather", "scatter", "alltoall", "sendrecv", "send",
+             "recv", "isend", "irecv")
+
 
 class _Replica(nn.Module):
-    """Weights that depend on the rank: a float32 layer, a float64 parameter, a float buffer."""
+    """Weights that depend on the rank: a float32 layer, a float64 parameter, a float buffer, and a
+    BatchNorm whose step counter (an integer buffer) differs by rank too."""
 
     def __init__(self, rank: int):
         super().__init__()
@@ -48,45 +53,102 @@ class _Replica(nn.Module):
         self.layer = nn.Linear(3, 4)
         self.scale = nn.Parameter(torch.randn(5, dtype=torch.float64, generator=generator))
         self.register_buffer("running", torch.randn(2, generator=generator))
+        self.norm = nn.BatchNorm1d(4)
         with torch.no_grad():
             self.layer.weight.copy_(torch.randn(4, 3, generator=generator) * (rank + 1))
             self.layer.bias.copy_(torch.randn(4, generator=generator) - rank)
+            self.norm.running_mean.copy_(torch.randn(4, generator=generator))
+            self.norm.num_batches_tracked.fill_(7 + 3 * rank)
 
 
-def _average_job(average_weights, world_size_expected):
+def _watched(comm):
+    """``comm`` itself (the same MPI communicator, an mpi4py Intracomm), with its pickle-based
+    lower-case methods counted: they copy every array through pickle instead of reducing in place."""
     from mpi4py import MPI
 
-    comm = MPI.COMM_WORLD
-    rank, p = comm.Get_rank(), comm.Get_size()
+    used = []
+
+    class Watched(MPI.Intracomm):
+        pass
+
+    def counting(name):
+        def call(self, *args, **kwargs):
+            used.append(name)
+            return getattr(MPI.Intracomm, name)(self, *args, **kwargs)
+        return call
+
+    for name in _PICKLING:
+        setattr(Watched, name, counting(name))
+    return Watched(comm), used
+
+
+def _average_job(average_weights, world_size_expected, split):
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    rank, p = world.Get_rank(), world.Get_size()
     if p != world_size_expected:
         raise Wrong(f"MPI.COMM_WORLD has {p} rank(s) on this engine, the cluster {world_size_expected}: start the "
-                     f"engines with cluster.start(P, engines=\"mpi\")")
-    states = [{name: t.clone() for name, t in _Replica(r).state_dict().items()} for r in range(p)]
-    mine = _Replica(rank)
-    before = states[rank]
-    average_weights(mine, comm)
-    for name, got in mine.state_dict().items():
-        stack = torch.stack([state[name].double() for state in states])
-        if torch.allclose(got.double(), stack.mean(0), rtol=1e-6, atol=1e-6):
-            continue
-        if torch.allclose(got.double(), stack.sum(0), rtol=1e-6, atol=1e-6):
-            raise Wrong(f"rank {rank}: {name} holds the sum over the ranks, not the mean: divide by comm.Get_size()")
-        if torch.equal(got, before[name]):
-            raise Wrong(f"rank {rank}: {name} is unchanged. Every rank must end with the mean of every parameter "
-                         f"and buffer: Allreduce leaves the result on every rank (Reduce only on the root), and the "
-                         f"result must land in the model's own tensors (tensor.detach().numpy() shares their memory).")
-        raise Wrong(f"rank {rank}: {name} is {got.flatten()[:3].tolist()}..., the mean over the ranks is "
-                     f"{stack.mean(0).flatten()[:3].tolist()}...")
+                    f"engines with cluster.start(P, engines=\"mpi\")")
+    color = (lambda r: r % 2 if p >= 3 else r) if split else (lambda r: 0)   # 2 ranks: one rank per group
+    members = [r for r in range(p) if color(r) == color(rank)]
+    comm = world.Split(color(rank), rank)
+    try:
+        states = {r: {name: t.clone() for name, t in _Replica(r).state_dict().items()} for r in range(p)}
+        mine = _Replica(rank)
+        watched, used = _watched(comm)
+        average_weights(mine, watched)
+        where = (f"on a communicator of ranks {members} of {p} (comm.Split)" if split else f"on all {p} ranks")
+        if used:
+            raise Wrong(f"rank {rank}: you called comm.{used[0]}, mpi4py's lower-case method, which pickles each "
+                        f"array and sends copies; use the buffer-based Allreduce, which reduces in the tensor's own "
+                        f"memory")
+        for name, got in mine.state_dict().items():
+            before = states[rank][name]
+            if not got.is_floating_point():
+                if not torch.equal(got, before):
+                    raise Wrong(f"rank {rank}: {name} (an integer buffer, {got.dtype}) changed from {before.item()} "
+                                f"to {got.item()}: integer buffers count steps; leave them as they are")
+                continue
+            group = torch.stack([states[r][name].double() for r in members])
+            everyone = torch.stack([states[r][name].double() for r in range(p)])
+            close = lambda want: torch.allclose(got.double(), want, rtol=1e-6, atol=1e-6)
+            if close(group.mean(0)):
+                continue
+            if len(members) < p and close(everyone.mean(0)):
+                raise Wrong(f"rank {rank}: {name} holds the mean over all {p} ranks of MPI.COMM_WORLD, but the "
+                            f"communicator you were given, {where}, has {len(members)}: average over `comm`")
+            if close(group.sum(0)):
+                raise Wrong(f"rank {rank}: {name} holds the sum over the ranks, not the mean: divide by comm.Get_size()")
+            ratio = (group.sum(0) / got.double()).flatten()
+            divisor = ratio[0].item() if torch.isfinite(ratio).all() else float("nan")
+            if abs(divisor - round(divisor)) < 1e-6 and torch.allclose(ratio, ratio[0]) and round(divisor) != len(members):
+                raise Wrong(f"rank {rank}: {name} holds the sum divided by {round(divisor)}, {where}, whose size is "
+                            f"{len(members)}: divide by comm.Get_size(), not by a number")
+            if torch.equal(got, before):
+                raise Wrong(f"rank {rank}: {name} is unchanged ({where}). Every rank must end with the mean of every "
+                            f"parameter and floating-point buffer: Allreduce leaves the result on every rank (Reduce "
+                            f"only on the root), and the result must land in the model's own tensors (a numpy view "
+                            f"that shares their memory, not a copy).")
+            raise Wrong(f"rank {rank}: {name} is {got.flatten()[:3].tolist()}..., the mean {where} is "
+                        f"{group.mean(0).flatten()[:3].tolist()}...")
+    finally:
+        comm.Free()
     return True
 
 
 def check_average(workers, average_weights) -> None:
-    """Exercise 8.1: the learner's ``average_weights(model, comm)`` on every MPI engine at once."""
+    """Exercise 8.1: the learner's ``average_weights(model, comm)`` on every MPI engine at once, on
+    all ranks and on a sub-communicator (2 engines: one rank each; 3 or more: even and odd ranks)."""
     name = "8.1"
+    integers = (" (Integer buffers such as BatchNorm's num_batches_tracked cannot be divided in place as "
+                "floats: skip the tensors that are not floating point.)")
     with exercise(name):
         prepare(workers, average_weights, name)
-        run_case(workers, name, _average_job, average_weights, (workers.n,),
-                  f"{workers.n} ranks, float32 and float64 parameters and a buffer")
+        run_case(workers, name, _average_job, average_weights, (workers.n, False),
+                 f"{workers.n} ranks, float32 and float64 parameters, buffers and a BatchNorm", integers)
+        run_case(workers, name, _average_job, average_weights, (workers.n, True),
+                 "a sub-communicator made by comm.Split", integers)
 
 
 # --- 8.2 the Hogwild worker -------------------------------------------------------------------------
