@@ -232,7 +232,7 @@ def draw_hogwild(workers: int = 3) -> str:
         body.append(_text(20, y + 18, f"worker {k}", 15, anchor="start"))
         offset = 30 * k
         for step in range(3):
-            x = 120 + offset + step * 250
+            x = 110 + offset + step * 240
             body.append(_box(x, y, 50, 36, BLUES[1], "read", 13))
             body.append(_box(x + 54, y, 120, 36, BLUES[2], "gradient", 13))
             body.append(_box(x + 178, y, 52, 36, "#fdae6b", "add", 13))
@@ -249,7 +249,6 @@ def draw_parle(replicas: int = 3) -> str:
     gives the mean of the z's, and each x is pulled towards its own z (gamma) and that mean (rho)."""
     body = []
     cx, cy = 450, 200
-    body.append(_box(cx - 95, cy - 28, 190, 56, "#fdae6b", "mean of the z's", 16))
     for a in range(replicas):
         angle = -math.pi / 2 + 2 * math.pi * a / replicas
         x, y = cx + 290 * math.cos(angle), cy + 150 * math.sin(angle)
@@ -257,6 +256,7 @@ def draw_parle(replicas: int = 3) -> str:
                     f'stroke-dasharray="3,4"/>')
         body.append(_box(x - 95, y - 28, 190, 56, BLUES[2], f"replica {a}: x, y, z", 16))
         body.append(_text(x, y + 42, "L inner steps on y (pulled to x)", 13, colour="#555"))
+    body.append(_box(cx - 95, cy - 28, 190, 56, "#fdae6b", "mean of the z's", 16))   # over the lines
     body.append(_text(cx, 385, "every L steps: one all-reduce of the z's; x pulled to its z (gamma) and to the mean (rho)",
                       14, colour="#555"))
     return _svg(900, 400, body)
