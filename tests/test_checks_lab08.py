@@ -150,24 +150,42 @@ def test_average_stub(mpi_workers):
 
 # --- 8.2 the Hogwild worker --------------------------------------------------------------------------
 
-def worker(copy_model=False, reshuffle=True, shuffle=True, count=True):
+def worker(copy_model=False, reshuffle=True, shuffle=True, count=True, add_at_end=False, lock=None, global_seed=False):
     def hogwild_worker(model, x, y, epochs, batch_size, lr, seed):
         import copy as copying
 
         import torch as t
-        if copy_model:
+        shared = model
+        if copy_model or add_at_end:
             model = copying.deepcopy(model)
+        start = [p.detach().clone() for p in model.parameters()]
         optimizer = t.optim.SGD(model.parameters(), lr=lr)
-        generator = t.Generator().manual_seed(seed)
-        order, updates = t.randperm(len(x), generator=generator), 0
+        if global_seed:
+            t.manual_seed(seed)
+            draw = lambda: t.randperm(len(x))
+        else:
+            generator = t.Generator().manual_seed(seed)
+            draw = lambda: t.randperm(len(x), generator=generator)
+        order, updates = draw(), 0
         for epoch in range(epochs):
             if epoch and reshuffle:
-                order = t.randperm(len(x), generator=generator)
+                order = draw()
             for idx in (order if shuffle else t.arange(len(x))).split(batch_size):
+                if lock:
+                    import fcntl
+                    handle = open(lock, "w")
+                    fcntl.flock(handle, fcntl.LOCK_EX)
                 optimizer.zero_grad()
                 t.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
                 optimizer.step()
+                if lock:
+                    fcntl.flock(handle, fcntl.LOCK_UN)
+                    handle.close()
                 updates += 1
+        if add_at_end:               # a private copy's change, added to the shared model at the end
+            with t.no_grad():
+                for p, q, p0 in zip(shared.parameters(), model.parameters(), start):
+                    p.add_(q - p0)
         return updates if count else None
     return hogwild_worker
 
@@ -181,9 +199,16 @@ def test_hogwild_worker_right_passes():
     (worker(shuffle=False), "you walked the samples in their order"),
     (worker(reshuffle=False), "you shuffled once and reused that order"),
     (worker(count=False), "return the number of updates"),
-], ids=["a copy", "no shuffle", "shuffled once", "no count"])
+    (worker(global_seed=True), "changed torch's global random state"),
+    (worker(add_at_end=True), "never ran the model they were given"),
+], ids=["a copy", "no shuffle", "shuffled once", "no count", "global seed", "copy added at the end"])
 def test_hogwild_worker_mistakes(wrong, message):
     assert message in fails(lab08.check_hogwild_worker, wrong, Incorrect)
+
+
+def test_hogwild_worker_that_locks_every_step_fails(tmp_path):
+    locked = worker(lock=str(tmp_path / "one-lock"))
+    assert "never ran a forward pass at the same time" in fails(lab08.check_hogwild_worker, locked, Incorrect)
 
 
 # --- 8.3 Parle's directions ---------------------------------------------------------------------------

@@ -2,10 +2,14 @@
 
 8.1 runs the learner's weight average on the MPI engines, every rank at once, with a model whose
 weights differ by rank (two dtypes, float buffers, a BatchNorm's integer step counter), on all ranks
-and on a sub-communicator, and refuses mpi4py's pickle-based lower-case methods. 8.2 runs the learner's Hogwild worker twice: alone in
-this process against a reference with the same random order, then in two spawned processes on one
-model in shared memory, where each process's shard touches weights of its own, so the check sees
-whether both processes' updates reached the shared weights.
+and on a sub-communicator, and refuses mpi4py's pickle-based lower-case methods.
+
+8.2 runs the learner's Hogwild worker twice: alone in this process against a reference with the
+same random order (and torch's global random state left untouched), then in two spawned processes
+on one model in shared memory, where each process's shard touches weights of its own and the model
+records every forward pass. So the check sees that each process trained the shared model itself
+(not a copy whose change is added later), that both processes' updates reached it, and that the
+processes ran at the same time (no lock around the steps).
 """
 from __future__ import annotations
 
@@ -183,6 +187,37 @@ def _block_problem(blocks: int, per_block: int = 12, features: int = 4, seed: in
     return shards
 
 
+class _Watcher(nn.Module):
+    """A linear model (no bias) on ``_block_problem(2)`` that records, in shared memory, every forward
+    pass of each process (the block its inputs fill tells which) and whether the other process was
+    inside forward at the same time. A forward pass waits up to ``wait_s`` for the other process to
+    come in too: two processes that take no lock meet at once; a lock held around each step keeps
+    the other out, and the wait runs out."""
+
+    def __init__(self, features: int = 4, wait_s: float = 0.15):
+        super().__init__()
+        self.features, self.wait_s = features, wait_s
+        self.weight = nn.Parameter(torch.zeros(3, 2 * features, dtype=torch.float64))
+        self.register_buffer("inside", torch.zeros(2, dtype=torch.int64))
+        self.register_buffer("count", torch.zeros(2, dtype=torch.int64))
+        self.register_buffer("met", torch.zeros(2, dtype=torch.int64))
+
+    def forward(self, x):
+        import time
+
+        mine = 0 if x[:, :self.features].abs().sum() > 0 else 1
+        self.inside[mine] = 1
+        deadline = time.monotonic() + self.wait_s
+        while not int(self.inside[1 - mine]) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        if int(self.inside[1 - mine]):
+            self.met[mine] += 1
+        out = x @ self.weight.t()
+        self.count[mine] += 1
+        self.inside[mine] = 0
+        return out
+
+
 def _by_value(rank, parent, payload, model, x, y, epochs, batch_size, lr, seed):
     """Run a function from the notebook in a spawned process: it travels pickled by value."""
     import cloudpickle
@@ -205,7 +240,12 @@ def check_hogwild_worker(hogwild_worker) -> None:
         models = {kind: nn.Linear(4, 3, bias=False).double() for kind in ("yours", "right", "once", "unshuffled")}
         for model in models.values():
             model.load_state_dict(start.state_dict())
+        rng_before = torch.random.get_rng_state()
         updates = hogwild_worker(models["yours"], x, y, **settings)
+        expect(torch.equal(rng_before, torch.random.get_rng_state()),
+               "8.2: your worker changed torch's global random state (torch.manual_seed, or a draw without "
+               "generator=...). Each process takes its order from a torch.Generator of its own, seeded with seed: "
+               "the global one also drives dropout and initialisation, which the worker must leave alone.")
         want = _reference_worker(models["right"], x, y, **settings)
         _reference_worker(models["once"], x, y, **settings, reshuffle=False)
         _reference_worker(models["unshuffled"], x, y, **settings, shuffle=False)
@@ -225,20 +265,24 @@ def check_hogwild_worker(hogwild_worker) -> None:
         expect(updates == want, f"8.2: return the number of updates this process made: {want}, not {updates!r}.")
 
         shards = _block_problem(2)
-        shared = nn.Linear(8, 3, bias=False).double()
-        with torch.no_grad():
-            shared.weight.zero_()
-        shared.share_memory()
+        shared = _Watcher().share_memory()
         payload = cloudpickle.dumps(hogwild_worker)
-        counts = run_processes(_by_value, [(payload, shared, sx, sy, 2, 4, 0.1, r) for r, (sx, sy) in enumerate(shards)],
+        counts = run_processes(_by_value, [(payload, shared, sx, sy, 3, 2, 0.1, r) for r, (sx, sy) in enumerate(shards)],
                                timeout=120)
-        weight = shared.weight.detach()
+        weight, ran = shared.weight.detach(), shared.count.tolist()
+        expect(min(ran) > 0, f"8.2: in two processes sharing one model, process(es) {[r for r in (0, 1) if not ran[r]]} "
+                             f"never ran the model they were given: each process must train the shared model itself, "
+                             f"not a copy (a copy's changes, added at the end or not, are not Hogwild).")
         moved = [bool(weight[:, 4 * r:4 * (r + 1)].abs().sum() > 0) for r in range(2)]
         expect(all(moved), f"8.2: in two processes sharing one model, the weights that only process(es) "
                            f"{[r for r, m in enumerate(moved) if not m]} update did not change: each process must "
                            f"update the shared model it is given, not a copy.")
-        expect(counts == [6, 6], f"8.2: in two processes each should make 6 updates (2 epochs of 12 samples in "
-                                 f"batches of 4); they reported {counts}.")
+        expect(counts == [18, 18], f"8.2: in two processes each should make 18 updates (3 epochs of 12 samples in "
+                                   f"batches of 2); they reported {counts}.")
+        expect(int(shared.met.sum()) > 0,
+               "8.2: the two processes never ran a forward pass at the same time: they took turns, as with a lock "
+               "around each step. Hogwild takes no lock: each process reads and writes the shared weights whenever "
+               "it is ready.")
 
 
 # --- 8.3 Parle's two directions ---------------------------------------------------------------------
