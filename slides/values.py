@@ -72,6 +72,36 @@ def _buckets(out: dict) -> None:
         out[f"buckets.{name.replace('-', '')}.default"] = str(len(ddp_bucket_bytes(grads)))
 
 
+def _lab02_gpu(out: dict) -> None:
+    """The newest recorded run of benchmarks/bench_lab02_gpu.py."""
+    name = sorted(p.name for p in RESULTS.glob("lab02_gpu_*.json"))[-1]
+    run = recorded(name)
+    out["gpu02.machine"] = f"{run['machine']} ({run.get('date', 'date not recorded')})"
+    big = run["copy_rates"][-1]
+    out["gpu02.copy_mb"] = f"{big['mb']} MB"
+    out["gpu02.pageable_gbps"], out["gpu02.pinned_gbps"] = f"{big['pageable_gbps']:.0f} GB/s", f"{big['pinned_gbps']:.0f} GB/s"
+    for row in run["copy_return_times"]:
+        key = f"gpu02.{row['memory']}_{'nb' if row['non_blocking'] else 'blocking'}"
+        out[f"{key}_returned_ms"], out[f"{key}_arrived_ms"] = f"{row['returned_ms']:.2f} ms", f"{row['arrived_ms']:.2f} ms"
+    matmul = run["matmul_timings"][0]
+    out["gpu02.matmul"] = f"{matmul['n_matmuls']} products of {matmul['size']} x {matmul['size']}"
+    for key in ("first_ms", "naive_ms", "synced_ms", "events_ms"):
+        out[f"gpu02.matmul_{key}"] = f"{matmul[key]:.2f} ms"
+    gpu, cpu = run["throughput_gpu"], run["throughput_cpu"]
+    out["gpu02.gpu_batches"] = f"{gpu[0]['batch']} to {gpu[-1]['batch']}"
+    out["gpu02.gpu_low"], out["gpu02.gpu_high"] = (f"{gpu[0]['samples_per_s']:,.0f}", f"{gpu[-1]['samples_per_s']:,.0f}")
+    out["gpu02.cpu_batches"] = f"{cpu[0]['batch']} to {cpu[-1]['batch']}"
+    out["gpu02.cpu_low"], out["gpu02.cpu_high"] = (f"{cpu[0]['samples_per_s']:,.0f}", f"{cpu[-1]['samples_per_s']:,.0f}")
+    for row in run["pinned_loop"]:
+        key = "pinned" if row["loop"].startswith("pinned") else "pageable"
+        out[f"gpu02.loop_{key}_ms"] = f"{row['ms_per_step']:.2f} ms"
+    out["gpu02.loop_batch"] = str(run["pinned_loop"][0]["batch"])
+    sync = run["sync_point_cost"][0]
+    out["gpu02.sync_batch"] = str(sync["batch"])
+    out["gpu02.sync_on_device_ms"], out["gpu02.sync_item_ms"] = (f"{sync['on_device_ms']:.2f} ms",
+                                                                 f"{sync['item_every_step_ms']:.2f} ms")
+
+
 def _strategies(out: dict) -> None:
     result = recorded("assessment_strategies.json")
     settings = result["settings"]
@@ -97,6 +127,7 @@ def values() -> dict:
     _ddp("ddp_2core_lab01.json", "ddp.2core", out)
     _strategies(out)
     _buckets(out)
+    _lab02_gpu(out)
     sweep = recorded("sweep_2core.json")
     out["sweep.machine"] = machine(sweep)
     out["sweep.speedup"] = f"{sweep['speedup']:.1f}x"

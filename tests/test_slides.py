@@ -188,13 +188,23 @@ def test_every_deck_runs_offline_with_its_slides_and_notes(built, browser):
                               " const c = s.cloneNode(true); c.querySelectorAll('aside, code, .katex').forEach(e => e.remove());"
                               " return c.textContent; }).join(' ')")
         assert "$" not in shown, f"{name}: TeX left unrendered: {shown[shown.index('$') - 40:shown.index('$') + 40]!r}"
-        for number in (1, *[i + 1 for i, n in enumerate(slides.split_slides((ROOT / 'slides' / f'{name}.md').read_text()))
-                            if 'class="diagram' in n or '$$' in n][:2]):
+        source = slides.split_slides((ROOT / "slides" / f"{name}.md").read_text())
+        pictured = [i + 1 for i, s in enumerate(source) if 'class="diagram' in s or "$$" in s]
+        for number in (1, *pictured[:2]):
             page.evaluate(f"Reveal.slide({number - 1}, 0, 99); true")
             image = Image.open(io.BytesIO(page.screenshot())).convert("L")
             low, high = image.getextrema()
             dark = sum(image.histogram()[:128]) / (image.width * image.height)
             assert high - low > 100 and dark > 0.003, f"{name}: slide {number} looks blank"
+        # Nothing wider than its slide: an equation that needs scrolling, a figure past the edge.
+        for number in [i + 1 for i, s in enumerate(source) if slides.equations_of(slides.visible_of(s)) or "<img" in s]:
+            page.evaluate(f"Reveal.slide({number - 1}, 0, 99); true")
+            wide = page.evaluate(
+                "(() => { const s = Reveal.getCurrentSlide(), w = s.getBoundingClientRect();"
+                " return Array.from(s.querySelectorAll('.katex, img')).filter(e => !e.closest('aside')).filter(e =>"
+                " (e.classList.contains('katex') && e.scrollWidth > e.clientWidth + 2)"
+                " || e.getBoundingClientRect().right > w.right + 2).map(e => e.textContent || e.src); })()")
+            assert wide == [], f"{name}: slide {number} is wider than the slide: {wide}"
         outside = [u for u in page.requests() if not (u.startswith(out.as_uri()) or u.startswith("data:"))]
         assert outside == [], f"{name} requested files outside the build folder: {outside}"
         assert page.failed_requests() == [], name
