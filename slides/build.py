@@ -342,22 +342,12 @@ def figures() -> dict:
         return diagrams.draw_buckets([4 * fan_in * fan_out for fan_in, fan_out in shapes],
                                      [f"layer {len(shapes) - k - 1}" for k in range(len(shapes))], cap_mb=cap_mb)
 
-    def lr_rules():
-        result = _recorded("assessment_strategies.json")
-        s = result["settings"]
-        curves = {f"{name}, lr {run['lr']:g}": run["curves"] for name, run in result["strategies"].items()}
-        curves[f"batch {s['base_batch']}, lr {result['baseline']['lr']:g}"] = result["baseline"]["curves"]
-        return diagrams.draw_curves(curves, "epoch", "test acc.", f"Batch {s['global_batch']} ({s['scale']}x the base "
-                                    f"batch of {s['base_batch']}): learning-rate rules, {s['model']}", _machine(result),
-                                    target=result["target"])
-
     made = {"mlp.svg": mlp, "alpha_beta.svg": alpha_beta, "ddp_variants.svg": ddp_variants,
             "speedup.svg": speedup, "warmup.svg": warmup, "lab_times.svg": lab_times, "gpu_settings.svg": gpu_settings,
             "sync_points.svg": plotting.plot_sync_points, "bucket_overlap.svg": plotting.plot_bucket_overlap,
             "critical_batch.svg": plotting.plot_critical_batch, "local_sgd.svg": plotting.plot_local_sgd}
     for step in range(7):
         made[f"ring_step_{step}.svg"] = lambda step=step: plotting.plot_ring_allreduce_step(4, step)
-    made["lr_rules.svg"] = lr_rules
     made["ddp_buckets_default.svg"] = lambda: buckets(None)
     made["ddp_buckets_5mib.svg"] = lambda: buckets(5)
     made.update(diagrams.diagrams())   # SVG written directly (text, not a Figure)

@@ -102,20 +102,15 @@ def _lab02_gpu(out: dict) -> None:
                                                                  f"{sync['item_every_step_ms']:.2f} ms")
 
 
-def _strategies(out: dict) -> None:
-    result = recorded("assessment_strategies.json")
-    settings = result["settings"]
-    out["strategies.machine"] = machine(result)
-    for key in ("scale", "global_batch", "base_batch", "base_lr", "epochs", "warmup_epochs"):
-        out[f"strategies.{key}"] = str(settings[key])
-    out["strategies.target"] = f"{result['target']:.2f}"
-    for name, run in result["strategies"].items():
-        key = name.replace("+", "_")
-        out[f"strategies.{key}.passed"] = f"{run['passed']}/{run['seeds']}"
-        out[f"strategies.{key}.lr"] = f"{run['lr']:g}"
-        out[f"strategies.{key}.final"] = ", ".join(f"{v:.2f}" for v in run["final"])
-    base = result["baseline"]
-    out["strategies.baseline.final"] = ", ".join(f"{v:.2f}" for v in base["final"])
+def _assessment(out: dict) -> None:
+    """The assessment's settings (in the mode the build runs in) and its automatic criteria."""
+    from assessment import criteria, settings
+
+    for key in ("WORKERS", "BASE_BATCH", "SCALE", "GLOBAL_BATCH", "EPOCHS", "TARGET", "EVAL_SIZE"):
+        out[f"assessment.{key.lower()}"] = f"{getattr(settings, key):g}"
+    rows = [f"| {name} | {points} | {what} |" for name, (points, what) in criteria.CRITERIA.items()]
+    out["assessment.criteria"] = "| criterion | points | what the grader checks |\n| --- | --- | --- |\n" + "\n".join(rows)
+    out["assessment.points"] = str(sum(points for points, _ in criteria.CRITERIA.values()))
 
 
 def values() -> dict:
@@ -125,7 +120,7 @@ def values() -> dict:
     _alpha_beta("allreduce_overlap_2core.json", "ab.2core", out)
     _ddp("ddp_xeon16.json", "ddp.xeon16", out)
     _ddp("ddp_2core_lab01.json", "ddp.2core", out)
-    _strategies(out)
+    _assessment(out)
     _buckets(out)
     _lab02_gpu(out)
     sweep = recorded("sweep_2core.json")
