@@ -483,7 +483,8 @@ def plot_histories(runs: Mapping[str, Sequence[Sequence[Mapping]]], metrics: Seq
     for ax, metric in zip(axes[0], metrics):
         for i, (label, histories) in enumerate(runs.items()):
             for j, history in enumerate(histories):
-                ax.plot([h[x] for h in history], [h[metric] for h in history], color=f"C{i}", alpha=0.75,
+                points = [(h[x], h[metric]) for h in history if not logx or h[x] > 0]   # a log axis has no 0
+                ax.plot([p[0] for p in points], [p[1] for p in points], color=f"C{i}", alpha=0.75,
                         label=label if j == 0 else None)
         if logx:
             ax.set_xscale("log")
