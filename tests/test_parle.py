@@ -227,4 +227,5 @@ def test_replicas_on_two_ranks_match_the_simulation():
         for got, other in zip(master + trained, ranks[0][1] + ranks[0][2]):
             assert (got == other).all(), "every rank holds the same average"
         assert history.n_averages == 3 and history.eval_steps == [2, 4, 6] and len(history.losses) == 6
+        assert len(history.eval_seconds) == 3 and all(0 < a < b for a, b in zip(history.eval_seconds, history.eval_seconds[1:]))
     assert not all((a == b).all() for a, b in zip(ranks[0][0], ranks[1][0])), "the replicas themselves differ"
