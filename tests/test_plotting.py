@@ -147,6 +147,8 @@ def test_plot_step_losses_and_histories():
     assert len(fig.axes) == 2 and fig.axes[0].get_yscale() == "log" and fig.axes[1].get_yscale() == "linear"
     assert len(fig.axes[1].get_lines()) == 3 and fig.axes[1].get_xlabel() == "training samples seen"
     assert [t.get_text() for t in fig.axes[1].get_legend().get_texts()] == ["small", "large"]
+    logged = plot_histories({"small": [run]}, metrics=("test_accuracy",), x="samples", logx=True)
+    assert list(logged.axes[0].get_lines()[0].get_xdata()) == [160]          # a log axis cannot show step 0
 
 
 def test_plot_landscapes_and_power_law():
