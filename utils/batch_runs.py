@@ -59,7 +59,8 @@ def train_run(batch_size: int, lr: float, *, steps: int | None = None, epochs: f
     """Train lab 07's MLP on MNIST-1D; return the configuration, the history and what happened.
 
     Give ``steps`` or ``epochs``. ``warmup_steps`` > 0 ramps the learning rate linearly from
-    ``lr / warmup_steps`` to ``lr`` (``torch.optim.lr_scheduler.LinearLR``, Goyal et al. 2017).
+    ``warmup_start * lr`` at step 0 to ``lr`` at step ``warmup_steps`` (``utils.optim.linear_warmup``,
+    a ``LinearLR``; Goyal et al. 2017 start from the small batch's lr: ``warmup_start`` = base / batch).
     ``target_accuracy`` stops the run at the first evaluation that reaches it (``steps_to_target``);
     ``target_train_loss`` at the first evaluation whose loss on the whole training set is at most it
     (both given: whichever comes first).
