@@ -12,7 +12,11 @@ and the order of the batches. The strategies differ only in the learning rate at
 - ``none``: the baseline's ``BASE_LR``, unchanged;
 - ``sqrt``: ``BASE_LR * sqrt(SCALE)`` (square-root scaling);
 - ``linear``: ``BASE_LR * SCALE`` from the first step (linear scaling, Goyal et al., 2017);
-- ``linear+warmup``: ``BASE_LR * SCALE`` reached by a linear ramp over the first warm-up steps.
+- ``linear+warmup``: ``BASE_LR * SCALE`` reached by a linear ramp over the first warm-up steps;
+- ``solution`` (only with ``--strategies``): the instructor edition's own ``make_optimizer``
+  (assessment/assessment.ipynb), run as written, its scheduler stepped after every optimizer step as
+  the notebook's ``train`` does. Its rates are those of ``sqrt`` at every step (a test checks it),
+  so the ``sqrt`` rows are the solution's measurements.
 
 The learning rate stays constant after that, as the assessment's baseline keeps its own, so the
 only difference between ``linear`` and ``linear+warmup`` is the warm-up. The baseline itself (one
@@ -69,12 +73,32 @@ def learning_rate(strategy: str, step: int, base_lr: float, scale: int, warmup_s
     """The learning rate of ``strategy`` at optimizer step ``step`` (0 = the first)."""
     if strategy == "baseline":
         return base_lr
+    if strategy == "solution":   # its peak: the rate the notebook's optimizer is built with
+        import torch
+
+        from assessment import settings
+        weight = torch.zeros(1, requires_grad=True)
+        return solution_optimizer([weight], settings.BASE_BATCH * scale, 1, 1)[0].defaults["lr"]
     scaling, warmup = strategy.removesuffix("+warmup"), strategy.endswith("+warmup")
     if scaling not in SCALINGS:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(SCALINGS)}, each with or "
                          f"without '+warmup'")
     ramp = min(1.0, (step + 1) / max(1, warmup_steps)) if warmup else 1.0
     return base_lr * SCALINGS[scaling](scale) * ramp
+
+
+def solution_optimizer(parameters, global_batch: int, steps_per_epoch: int, epochs: int):
+    """The instructor edition's ``make_optimizer``, taken from the notebook and run as written."""
+    import nbformat
+    import torch
+
+    from assessment import settings
+    nb = nbformat.read(ROOT / "assessment" / "assessment.ipynb", as_version=4)
+    source = next(c.source for c in nb.cells if c.id == "asmt-17")
+    code = source.split("\n", 1)[1].split("\ndef train(")[0]          # after %%px, before train()
+    names = {"torch": torch, "settings": settings, "BASE_LR": settings.BASE_LR, "BASE_BATCH": settings.BASE_BATCH}
+    exec(compile(code, "assessment.ipynb:asmt-17", "exec"), names)
+    return names["make_optimizer"](parameters, global_batch, steps_per_epoch, epochs)
 
 
 def reached(accuracies: list[float], target: float) -> bool:
@@ -117,6 +141,9 @@ def train_run(strategy: str, seed: int, settings: dict) -> dict:
     torch.manual_seed(seed)
     model = models.CNN(d.input_shape)
     optimizer = torch.optim.SGD(model.parameters(), lr=settings["base_lr"], momentum=settings["momentum"])
+    schedule = None
+    if strategy == "solution":
+        optimizer, schedule = solution_optimizer(model.parameters(), batch, steps_per_epoch, settings["epochs"])
     generator = torch.Generator().manual_seed(seed)
     accuracy, train_loss, diverged, step = [], [], False, 0
     start = time.perf_counter()
@@ -126,12 +153,15 @@ def train_run(strategy: str, seed: int, settings: dict) -> dict:
         total = torch.zeros(())
         for i in range(steps_per_epoch):
             idx = order[i * batch:(i + 1) * batch]
-            for group in optimizer.param_groups:
-                group["lr"] = learning_rate(strategy, step, settings["base_lr"], scale, warmup_steps)
+            if schedule is None:
+                for group in optimizer.param_groups:
+                    group["lr"] = learning_rate(strategy, step, settings["base_lr"], scale, warmup_steps)
             loss = F.cross_entropy(model(d.x_train[idx]), d.y_train[idx])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            if schedule is not None:
+                schedule.step()
             total += loss.detach()
             step += 1
         train_loss.append(float(total) / steps_per_epoch)
@@ -245,7 +275,8 @@ def main(argv=None) -> None:
     parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed, first-seed + 1, ... (default 0)")
     parser.add_argument("--baseline-seeds", type=int, help="seeds of the batch-32 baseline (full: 1; 0: none)")
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), metavar="NAME",
-                        help=f"default: {' '.join(STRATEGIES)}; also half-linear, and any of them with +warmup")
+                        help=f"default: {' '.join(STRATEGIES)}; also half-linear, any of them with +warmup, "
+                             f"and solution (the instructor edition's make_optimizer)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="worker processes (default: the cores)")
     parser.add_argument("--json", metavar="PATH", help=f"where to write the results (full mode: {RESULTS})")
     parser.add_argument("--table", nargs="?", const=str(RESULTS), metavar="PATH",

@@ -56,6 +56,27 @@ def test_reached_needs_two_evaluations_in_a_row():
         learning_rate("cosine", 0, 0.02, 16, 10)
 
 
+def test_the_instructors_solution_takes_the_sqrt_strategys_rate_at_every_step():
+    """So the sqrt rows of the results files are the solution's measurements (benchmarks/README.md)."""
+    import torch
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_assessment_strategies import FULL, QUICK, learning_rate, solution_optimizer
+
+    from assessment import settings
+    for options in (FULL, QUICK):
+        steps = options["train_size"] // (options["scale"] * settings.BASE_BATCH)
+        weight = torch.zeros(1, requires_grad=True)
+        optimizer, schedule = solution_optimizer([weight], options["scale"] * settings.BASE_BATCH, steps,
+                                                 options["epochs"])
+        rates = []
+        for _ in range(steps * options["epochs"]):
+            rates.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            schedule.step()
+        expected = [learning_rate("sqrt", step, settings.BASE_LR, options["scale"], 1) for step in range(len(rates))]
+        assert max(abs(a - b) for a, b in zip(rates, expected)) < 1e-12, (rates[:3], expected[:3])
+
+
 def test_readme_tables_are_printed_from_the_results_files():
     # The README's tables are the script's --table output, pasted whole: no number typed by hand.
     sys.path.insert(0, str(ROOT / "benchmarks"))
