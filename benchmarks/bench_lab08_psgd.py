@@ -1,0 +1,94 @@
+"""Lab 08's section 1 at P = 1 .. 5 workers on a machine with a core for each: the recorded runs the
+lab shows where its own machine has fewer cores.
+
+    python benchmarks/bench_lab08_psgd.py --out benchmarks/results/lab08_psgd_NAME.json
+    python benchmarks/bench_lab08_psgd.py --quick --out /tmp/lab08.json     # a tiny run (shape only)
+
+The same settings as the lab's full mode (6,000 'shapes' images, the CNN without dropout, 2,000 SGD
+steps of 32 samples per worker, each worker on its own shard, lr 0.1, times P at K = 1), one process
+per worker with one torch thread, torch.distributed (gloo) for the averages instead of MPI (the same
+arithmetic: utils.parallel_sgd.average_parameters_torch). Configurations run one after another, in
+the order given, and the file is rewritten after each, so a run cut short by --budget-s keeps
+what it finished.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import machine  # noqa: E402
+from spawn import run_world  # noqa: E402
+
+
+def _worker(rank, world_size, port, settings, results):
+    import datetime
+    import traceback
+
+    import torch
+    import torch.distributed as dist
+
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=120))
+        from utils import data, models, parallel_sgd
+
+        s = settings
+        shapes = data.load("shapes", train_size=s["train_size"], test_size=s["test_size"])
+        k, p = s["k"], world_size
+        torch.manual_seed(s["seed"])
+        model = models.CNN(shapes.input_shape, dropout=0.0)
+        history = parallel_sgd.local_sgd(
+            model, shapes.x_train, shapes.y_train, steps=s["steps"], batch_size=s["batch"],
+            lr=s["lr"] * p if k == "1" else s["lr"], sync_every=s["steps"] if k == "one-shot" else int(k),
+            average=parallel_sgd.average_parameters_torch, rank=rank, world_size=p, seed=s["seed"],
+            x_test=shapes.x_test, y_test=shapes.y_test, eval_every=max(1, s["steps"] // s["evals"]))
+        seconds = torch.tensor([history.wall_time, history.averaging_time], dtype=torch.float64)
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)          # the slowest worker sets the pace
+        report = dict(seconds=seconds[0].item(), averaging=seconds[1].item(), accuracy=history.test_accuracy[-1],
+                      steps=history.eval_steps, accuracies=history.test_accuracy, times=history.eval_seconds)
+        dist.destroy_process_group()
+        results.put(("ok", rank, report))
+    except BaseException:
+        results.put(("error", rank, traceback.format_exc()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 5, 3, 4, 2])
+    parser.add_argument("--periods", nargs="+", default=["1", "16", "one-shot"])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--budget-s", type=float, default=540.0, help="start no configuration after this")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    settings = dict(train_size=6000, test_size=2000, steps=2000, evals=8, batch=32, lr=0.1)
+    if args.quick:
+        settings.update(train_size=600, test_size=200, steps=20, evals=2)
+    start, runs = time.monotonic(), []
+    result = dict(benchmark="lab08_psgd", machine=machine.describe(), date=time.strftime("%Y-%m-%d"),
+                  settings=settings, runs=runs, complete=False)
+    plan = [(seed, p, k) for seed in args.seeds for p in args.workers for k in (args.periods if p > 1 else ["1"])]
+    for seed, p, k in plan:
+        if time.monotonic() - start > args.budget_s:
+            break
+        if p > (os.cpu_count() or 1):
+            raise SystemExit(f"{p} workers on {os.cpu_count()} cores would take turns; use a larger machine")
+        report = run_world(_worker, p, (dict(settings, seed=seed, k=k),), deadline_s=900)
+        runs.append(dict(workers=p, period=k, seed=seed, lr=settings["lr"] * p if k == "1" else settings["lr"], **report))
+        print(f"seed {seed}, P = {p}, K = {k}: {report['accuracy']:.1%} in {report['seconds']:.1f} s", flush=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    result["complete"] = len(runs) == len(plan)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+"""Lab 08's recorded-runs benchmark runs end to end and writes what the lab's cell reads (its numbers
+go to benchmarks/results/, never into a test)."""
+import json
+import subprocess
+import sys
+
+from notebook_runner import ROOT
+
+
+def test_bench_lab08_psgd_quick(tmp_path):
+    out = tmp_path / "lab08.json"
+    result = subprocess.run([sys.executable, "benchmarks/bench_lab08_psgd.py", "--quick", "--workers", "2",
+                             "--periods", "1", "one-shot", "--seeds", "0", "--out", str(out)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    record = json.loads(out.read_text())
+    assert record["complete"] and record["machine"]["cores"] >= 1
+    assert [(r["workers"], r["period"], r["lr"]) for r in record["runs"]] == [(2, "1", 0.2), (2, "one-shot", 0.1)]
+    for run in record["runs"]:
+        assert 0 <= run["accuracy"] <= 1 and run["seconds"] > 0 and len(run["times"]) == len(run["accuracies"])
