@@ -41,35 +41,73 @@ SAMPLER = "    sampler = DistributedSampler(train_set, shuffle=True, seed=args.s
 SET_EPOCH = "        sampler.set_epoch(epoch)"
 TEARDOWN = "    try:\n        train(args, rank, world_size, device)\n    finally:\n        dist.destroy_process_group()"
 
+BACKWARD = "            loss.backward()\n"
+HAND_ALL_REDUCE = BACKWARD + ("            for p in ddp_model.parameters():\n                dist.all_reduce(p.grad)\n"
+                              "                p.grad /= world_size\n")
+INIT = "dist.init_process_group(backend, timeout="
+
+# Each wrong script, the part of the check that must refuse it, and the words of its message. The
+# job runs as two simulated GPU nodes (2 + 1 processes), so mistakes that show only on GPUs or on
+# several machines show here. The parts after the training run are called alone, to keep the suite short.
 MISTAKES = {
-    "no sampler": ([(SAMPLER, ""), ("sampler=sampler", "shuffle=True"), (SET_EPOCH, "        pass")],
+    "no sampler": ("check_job", [(SAMPLER, ""), ("sampler=sampler", "shuffle=True"), (SET_EPOCH, "        pass")],
                    "built no DistributedSampler"),
-    "no set_epoch": ([(SET_EPOCH, "        pass")], "called set_epoch with nothing"),
-    "logging on every rank": ([("        if rank == 0:\n            accuracy", "        if True:\n            accuracy")],
+    "no set_epoch": ("check_job", [(SET_EPOCH, "        pass")], "set_epoch called with nothing"),
+    "logging on every rank": ("check_job", [("        if rank == 0:\n            accuracy", "        if True:\n            accuracy")],
                               "printed epoch lines too"),
-    "saving on every rank": ([("            torch.save(model.state_dict()", "        if True:\n            torch.save(model.state_dict()")],
-                             "torch.save was called on rank(s) [0, 1]"),
-    "loss of rank 0 only": ([("        dist.all_reduce(totals)", "        pass")], "yours is rank 0's own loss"),
-    "no DDP": ([("ddp_model = DDP(model, device_ids=[device] if device.type == \"cuda\" else None)", "ddp_model = model")],
+    "saving on every rank": ("check_job", [("            torch.save(model.state_dict()", "        if True:\n            torch.save(model.state_dict()")],
+                             "torch.save was called on rank(s) [0, 1, 2]"),
+    "loss of rank 0 only": ("check_job", [("        dist.all_reduce(totals)", "        pass")], "yours is rank 0's own loss"),
+    "no DDP": ("check_job", [("ddp_model = DDP(model, device_ids=[device] if device.type == \"cuda\" else None)", "ddp_model = model")],
                "never wrapped the model in DistributedDataParallel"),
-    "wrapper's state_dict saved": ([("torch.save(model.state_dict()", "torch.save(ddp_model.state_dict()")],
+    "wrapper's state_dict saved": ("check_job", [("torch.save(model.state_dict()", "torch.save(ddp_model.state_dict()")],
                                    "start with 'module.'"),
-    "no teardown": ([(TEARDOWN, "    train(args, rank, world_size, device)")], "never called dist.destroy_process_group"),
-    "teardown skipped on error": ([(TEARDOWN, "    train(args, rank, world_size, device)\n    dist.destroy_process_group()")],
-                                  "when a training step raised"),
-    "world size written as 2 in the sampler": ([("DistributedSampler(train_set, shuffle=True", "DistributedSampler(train_set, num_replicas=2, shuffle=True")],
-                                               "rank 2 of 3 called its DistributedSampler with num_replicas=2"),
-    "rank written as 0 in the sampler": ([("DistributedSampler(train_set, shuffle=True", "DistributedSampler(train_set, rank=0, shuffle=True")],
-                                         "rank 1 of 2 called its DistributedSampler with rank=0"),
-    "world size written as 2 in the batch": ([("args.global_batch // world_size", "args.global_batch // 2")],
-                                             "right with 2 processes but not with 3"),
+    "no teardown": ("check_job", [(TEARDOWN, "    train(args, rank, world_size, device)")], "never called dist.destroy_process_group"),
+    "teardown skipped on error": ("check_one_rank_failing", [(TEARDOWN, "    train(args, rank, world_size, device)\n    dist.destroy_process_group()")],
+                                  "when a training step raised on rank 1"),
+    "error swallowed": ("check_one_rank_failing", [(TEARDOWN, "    try:\n        train(args, rank, world_size, device)\n    except Exception:\n"
+                                    "        pass\n    finally:\n        dist.destroy_process_group()")],
+                        "do not swallow errors"),
+    "rank written as 0 in the sampler": ("check_job", [("DistributedSampler(train_set, shuffle=True", "DistributedSampler(train_set, rank=0, shuffle=True")],
+                                         "of 3 called its DistributedSampler with rank=0: numbers"),
+    "world size written as 2 in the batch": ("check_job", [("args.global_batch // world_size", "args.global_batch // 2")],
+                                             "in batches of [6, 4]"),
+    # several machines: LOCAL_RANK is not RANK
+    "device chosen by RANK": ("check_job", [('local_rank = int(os.environ["LOCAL_RANK"])', 'local_rank = int(os.environ["RANK"])')],
+                              "that is its RANK"),
+    "init with the local rank and world size": ("check_job", [(INIT, "dist.init_process_group(backend, rank=local_rank, "
+                                                        "world_size=int(os.environ['LOCAL_WORLD_SIZE']), timeout=")],
+                                                "LOCAL_RANK and LOCAL_WORLD_SIZE count the processes of one machine"),
+    # what a GPU needs
+    "no set_device": ("check_job", [("        torch.cuda.set_device(local_rank)\n", "")], "never called torch.cuda.set_device"),
+    "model left on the CPU": ("check_job", [("dropout=args.dropout).to(device)", "dropout=args.dropout)")],
+                              "a model whose weights are still on the CPU"),
+    "batches left on the CPU": ("check_job", [("            x, y = x.to(device), y.to(device)\n", "")],
+                                "a batch that was never moved to the GPU"),
+    "a host sync every step": ("check_job", [("totals[0] += loss.detach() * len(y)", "totals[0] += loss.item() * len(y)")],
+                               "times while training (.item())"),
+    # who did the work, and the traffic
+    "training the model inside DDP": ("check_job", [("F.cross_entropy(ddp_model(x), y)", "F.cross_entropy(model(x), y)")],
+                                      "ran no training step through the DDP model"),
+    "gradients all-reduced again by hand": ("check_job", [(BACKWARD, HAND_ALL_REDUCE)], "values by hand"),
+    "evaluated in train mode": ("check_job", [("_, accuracy = evaluate(model, dataset.x_test, dataset.y_test)",
+                                               "accuracy = (model(dataset.x_test.to(device)).argmax(1) == "
+                                               "dataset.y_test.to(device)).float().mean().item()")],
+                                "ran dropout in train mode outside a training step"),
+    "global batch not refused": ("check_refusal", [("    if args.global_batch % world_size:", "    if False:")],
+                                 "a global batch of 25 does not divide among 2 processes, but your job trained"),
 }
+
+
+def test_set_epoch_with_other_distinct_values_passes(tmp_path):
+    # Any value that changes every epoch (and is the same on every rank) reshuffles: the check follows it.
+    lab06.check_training(with_mistake(tmp_path, (SET_EPOCH, "        sampler.set_epoch(10 * epoch + 1)")))
 
 
 @pytest.mark.parametrize("mistake", MISTAKES, ids=list(MISTAKES))
 def test_job_mistake_gets_its_own_message(mistake, tmp_path):
-    replacements, message = MISTAKES[mistake]
-    got = fails(lab06.check_job, with_mistake(tmp_path, *replacements), Incorrect)
+    part, replacements, message = MISTAKES[mistake]
+    got = fails(getattr(lab06, part), with_mistake(tmp_path, *replacements), Incorrect)
     assert message in got, got
 
 

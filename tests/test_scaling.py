@@ -118,3 +118,38 @@ def test_train_to_accuracy_refuses_a_batch_larger_than_the_data():
 def test_train_to_accuracy_on_a_gpu_with_the_labs_settings():
     run = gpu_speed.train_to_accuracy(_tiny_colour_set(), "cuda", depth=10, width=1, batch=32, epochs=2, target=None)
     assert len(run["epochs"]) == 2 and run["epochs"][1]["train_s"] > 0
+
+
+def test_slowest_steps_takes_each_steps_slowest_rank():
+    per_rank = [{("weak", 1): {"ddp": 5.0, "compute": 4.0, "per_rank": 8}, ("weak", 2): {"ddp": 7.0, "compute": 3.0, "per_rank": 8}},
+                {("weak", 2): {"ddp": 6.0, "compute": 3.5, "per_rank": 8}}]
+    assert scaling.slowest_steps(per_rank) == {("weak", 1): {"ddp": 5.0, "compute": 4.0},
+                                               ("weak", 2): {"ddp": 7.0, "compute": 3.5}}
+
+
+def test_plot_scaling_draws_throughput_efficiency_and_each_models_communication():
+    import matplotlib
+    matplotlib.use("Agg")
+    fig = scaling.plot_scaling([1, 2], {"CNN, weak": [100.0, 150.0]},
+                               {"CNN": ([0.0, 2.0], [0.0, 1.0]), "wide": ([0.0, 9.0], [0.0, 8.0])}, "title")
+    assert len(fig.axes) == 4
+    assert [line.get_ydata()[1] for line in fig.axes[1].lines if len(line.get_ydata()) == 2][0] == 0.75
+
+
+def _recorded_run(dataset):
+    return {"machine": "m", "date": "d", "model": "WRN-16-4", "dataset": dataset, "target": 0.75,
+            "epoch_s": {"fp32": 2.0, "bf16 autocast + channels_last": 1.0},
+            "time_to_accuracy": {"epochs": [{"epoch": 1, "train_s": 3.0, "val_accuracy": 0.8}],
+                                 "reached_epoch": 1, "reached_s": 3.0}}
+
+
+def test_gpu_report_compares_with_nvidias_time_only_on_cifar10(capsys):
+    rows = [{"setting": "fp32", "images_per_s": 100.0}, {"setting": "bf16", "images_per_s": 150.0}]
+    gpu_speed.print_report(rows, "recorded", _recorded_run("shapes, colour 3x32x32"))
+    out = capsys.readouterr().out
+    assert "1.50x fp32" in out and "cannot be compared" in out and "same data set" not in out
+    gpu_speed.print_report(rows, "recorded", _recorded_run("CIFAR-10, 50000 training images"))
+    out = capsys.readouterr().out
+    assert "on the same data set, CIFAR-10" in out and "cannot be compared" not in out
+    gpu_speed.print_report([], None, None)
+    assert "No GPU here" in capsys.readouterr().out

@@ -11,8 +11,8 @@ The learners' library (what the labs teach and learners call):
 Measurements and figures of one lab:
   single_gpu (lab 02), collectives_report (lab 03's tables and figures), ddp_costs (lab 04: a DDP
   step against its prediction), equivalence (lab 05: a wrapper against one process on the whole
-  batch), scaling (lab 06: buckets, predicted communication, throughput over workers), gpu_speed
-  (lab 06: WideResNet settings on a GPU), sweep (lab 07: many runs on the engines), batch_runs
+  batch), scaling (lab 06: buckets, predicted communication, throughput over workers), loaders (lab 06:
+  what reading batches costs), gpu_speed (lab 06: WideResNet settings on a GPU), sweep (lab 07: many runs on the engines), batch_runs
   (lab 07's short runs), batch_size (lab 07: noise scale, critical batch, LR rules), landscape
   (lab 07: sharpness, loss surfaces), plotting (every figure; it only draws), outcomes (verdicts
   printed from a cell's numbers), checks (each lab's exercise checks).

@@ -6,15 +6,18 @@
 
 The script defines ``rank``, ``world_size`` and ``device`` as globals, exactly as
 ``utils.cluster`` does on the engines, so code written for ``%%px`` cells runs unchanged.
-``run`` runs a script (or module) under ``torchrun`` on this machine, as lab 06 and its check do.
+``run`` runs a script (or module) under ``torchrun`` on this machine, as lab 06 and its check do, also
+as several simulated nodes (one torchrun agent each).
 """
 from __future__ import annotations
 
 import inspect
 import os
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from dataclasses import dataclass
@@ -98,27 +101,62 @@ class JobResult:
     seconds: float          # wall time, starting Python and importing torch included
 
 
-def run(program: list, nproc: int | None = None, *, cwd, threads: int | None = None, env: dict | None = None,
-        timeout: float = 1800) -> JobResult:
+def run(program: list, nproc: int | list[int] | None = None, *, cwd, threads: int | None = None,
+        env: dict | None = None, timeout: float = 1800) -> JobResult:
     """Run ``python *program`` (a script and its arguments, or ``-m module ...``), under ``torchrun
     --standalone --nproc-per-node=nproc`` unless ``nproc`` is None.
 
-    ``threads``: torch threads per process (OMP_NUM_THREADS), so that the processes share the cores
-    instead of fighting for them. ``env``: extra environment variables. A job past ``timeout``
-    seconds is killed with every process it started (they share one process group)."""
-    launcher = [sys.executable] if nproc is None else [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                                        f"--nproc-per-node={nproc}"]
+    ``nproc`` a list (e.g. ``[2, 1]``): the job runs as that many "nodes" on this machine, one torchrun
+    agent per node with its count of processes, meeting at a c10d rendezvous on 127.0.0.1, as agents on
+    separate machines do; ``LOCAL_RANK`` then differs from ``RANK`` on every node after the first to
+    join. ``threads``: torch threads per process (OMP_NUM_THREADS), so that the processes share the
+    cores instead of fighting for them. ``env``: extra environment variables. A job past ``timeout``
+    seconds is killed with every process it started (each agent leads a process group of its own)."""
     environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     if threads is not None:
         environment["OMP_NUM_THREADS"] = str(threads)
+    if nproc is None:
+        launchers = [[sys.executable]]
+    elif isinstance(nproc, int):
+        launchers = [[sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]]
+    else:
+        endpoint = f"127.0.0.1:{_free_port()}"
+        launchers = [[sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(nproc)}", f"--nproc-per-node={n}",
+                      "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", "--rdzv-id=course-job",
+                      "--local-addr=127.0.0.1"] for n in nproc]
     start = time.perf_counter()
-    process = subprocess.Popen(launcher + [str(part) for part in program], cwd=cwd, env=environment,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    outputs = [tempfile.TemporaryFile("w+") for _ in launchers]
+    processes = [subprocess.Popen(launcher + [str(part) for part in program], cwd=cwd, env=environment, stdout=out,
+                                  stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                 for launcher, out in zip(launchers, outputs)]
+    codes = []
+    for process in processes:
+        try:
+            codes.append(process.wait(timeout=max(0.1, timeout - (time.perf_counter() - start))))
+        except subprocess.TimeoutExpired:
+            codes.append(None)
+    for process, code in zip(processes, codes):
+        if code is None or any(c is None for c in codes):
+            _kill_group(process)
+    texts = []
+    for out in outputs:
+        out.seek(0)
+        texts.append(out.read())
+        out.close()
+    output = texts[0] if len(texts) == 1 else "".join(f"--- node {i} ---\n{text}" for i, text in enumerate(texts))
+    failed = [c for c in codes if c != 0]
+    return JobResult(None if None in codes else (failed[0] if failed else 0), output, time.perf_counter() - start)
+
+
+def _kill_group(process) -> None:
     try:
-        output, _ = process.communicate(timeout=timeout)
-        code = process.returncode
-    except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        code = None
-    return JobResult(code, output, time.perf_counter() - start)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -127,3 +127,36 @@ def time_scaling(build_model, input_shape, n_classes: int, per_rank_batches: dic
         return timings
 
     return on_subgroups(measure)
+
+
+def slowest_steps(per_rank: list[dict]) -> dict:
+    """``time_scaling``'s results of every rank merged: per (label, k) the slowest rank's ``ddp`` and
+    ``compute`` times (a step of k ranks ends when the slowest rank's does)."""
+    return {key: {what: max(t[key][what] for t in per_rank if key in t) for what in ("ddp", "compute")}
+            for key in per_rank[0]}
+
+
+def plot_scaling(ks, throughput: dict, communication: dict, title: str):
+    """Throughput and parallel efficiency against workers (``throughput[label]``: images/s per k), then
+    per model the communication per step, measured (DDP step - computation) beside the prediction
+    (``communication[model] = (measured ms per k, predicted ms per k)``)."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2 + len(communication), figsize=(5 * (2 + len(communication)), 4))
+    for label, rates in throughput.items():
+        line, = axes[0].plot(ks, rates, "o-", label=label)
+        axes[0].plot(ks, [rates[0] * k for k in ks], ":", color=line.get_color())
+        axes[1].plot(ks, [r / rates[0] / k for r, k in zip(rates, ks)], "o-", label=label)
+    axes[0].set(ylabel="images / s", title="Throughput (dotted: ideal, k x 1 worker)")
+    axes[1].set(ylabel="speed-up / workers", title="Parallel efficiency")
+    axes[1].axhline(1.0, color="gray", linewidth=0.5)
+    for ax, (model, (measured, predicted)) in zip(axes[2:], communication.items()):
+        ax.bar([k - 0.2 for k in ks], measured, width=0.4, label="measured: DDP step - computation")
+        ax.bar([k + 0.2 for k in ks], predicted, width=0.4, label="predicted: buckets x alpha-beta")
+        ax.set(ylabel="ms per step", title=f"Communication, {model}")
+    for ax in axes:
+        ax.set(xlabel="workers", xticks=list(ks))
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -1,19 +1,31 @@
 """Run a learner's torchrun script and record what each rank did, for the check of lab 06's exercise 6.1.
 
-    torchrun --standalone --nproc-per-node 2 -m utils.checks.job_probe train_ddp.py --epochs 2 ...
+    torchrun --nnodes 2 --nproc-per-node 2 ... -m utils.checks.job_probe train_ddp.py --epochs 2 ...
 
 Each process runs the script as ``__main__`` (exactly as ``torchrun train_ddp.py`` would) after
 wrapping a few torch functions so that they also write down their calls: ``init_process_group``
-(its explicit ``rank`` and ``world_size``, if any), ``DistributedSampler`` (its replicas, rank, seed and
-``set_epoch`` calls), ``DistributedDataParallel``, ``torch.save``, ``destroy_process_group``, and the
-lines the rank printed. The record goes to ``$COURSE_PROBE_DIR/rank<RANK>.json`` when the script ends,
-however it ends. ``COURSE_PROBE_FAIL_AT=N`` makes the N-th DDP forward raise, to see whether the
-script still tears its process group down when training fails.
+(its explicit ``rank`` and ``world_size``, if any, and the backend asked for), ``DistributedSampler``
+(its replicas, rank, seed, and the epoch in force each time it is iterated), ``DistributedDataParallel``
+(its ``device_ids``, and the samples of every training forward), ``dist.all_reduce`` (the values a
+script reduces by hand), ``torch.save``, ``destroy_process_group``, and the lines the rank printed.
+The record goes to ``$COURSE_PROBE_DIR/rank<RANK>.json`` when the script ends, however it ends.
+
+``COURSE_PROBE_GPUS=1`` simulates a GPU node without a GPU (``SimulatedGPUs``): every node has one
+"GPU" per local process, tensors moved to ``cuda:i`` stay on the CPU but are tracked as living on
+``cuda:i``, an operation mixing devices fails as it would on a GPU, reading a GPU value on the host is
+counted as a host sync, and ``nccl`` is run as ``gloo``. ``COURSE_PROBE_FAIL_AT=N`` with
+``COURSE_PROBE_FAIL_RANK=R`` makes rank R's N-th training forward raise, to see whether the job
+still tears its process group down when one rank fails.
+
+Training dropout draws its masks from a seed per training forward (``masked_dropout``), so that the
+check's one-process reference can draw the same ones whatever else the script does with the random
+number generator.
 
 Behaviour is observed, not the source text: a learner may write the script any way they like.
 """
 from __future__ import annotations
 
+import datetime
 import inspect
 import io
 import json
@@ -24,10 +36,24 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
 from torch.utils.data import DistributedSampler
+from torch.utils.weak import WeakIdKeyDictionary
 
-INJECTED = "error injected by the check into the 3rd training step"
+INJECTED = "error injected by the check into one rank's 3rd training step"
+MAX_TIMEOUT = datetime.timedelta(seconds=60)   # a job that waits longer for a peer is stuck, in the check
+DROPOUT_SEEDS_PER_FORWARD = 16
+
+
+def masked_dropout(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
+    """Dropout whose mask comes from ``seed`` alone (the probe's training dropout, and the reference's)."""
+    if p >= 1:
+        return x * 0
+    keep = torch.rand(x.shape, generator=torch.Generator().manual_seed(seed)) >= p
+    return x * keep / (1 - p)
 
 
 class _Tee(io.TextIOBase):
@@ -44,18 +70,169 @@ class _Tee(io.TextIOBase):
         self.stream.flush()
 
 
-def _record_calls(record: dict) -> None:
-    init, destroy, save = dist.init_process_group, dist.destroy_process_group, torch.save
-    sampler_init, set_epoch = DistributedSampler.__init__, DistributedSampler.set_epoch
+class SimulatedGPUs(TorchFunctionMode):
+    """A node with ``count`` GPUs, on the CPU: records where tensors would live and what a GPU would refuse.
+
+    A tensor moved to ``cuda:i`` (``.to``, ``.cuda``, ``device=`` of a factory) stays on the CPU and is
+    noted as living on ``cuda:i``; results of operations inherit their inputs' device. Convolutions,
+    linear layers, losses and comparisons given tensors of two devices raise as on a GPU; ``item()``,
+    ``float()``, ``.cpu()`` and the like of a GPU tensor count as host syncs. Also rules the training
+    dropout (seeded masks) and notes dropout in train mode outside a training forward (evaluation)."""
+
+    MIXING = {"conv1d", "conv2d", "conv3d", "linear", "cross_entropy", "nll_loss", "mse_loss", "matmul", "mm",
+              "bmm", "addmm", "embedding", "batch_norm", "eq", "__eq__"}
+    SYNCS = {"item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__", "__index__", "__format__",
+             "__repr__"}
+
+    def __init__(self, record: dict, count: int, simulate: bool):
+        super().__init__()
+        self.record, self.count, self.simulate = record, count, simulate
+        self.where = WeakIdKeyDictionary()           # tensor -> "cuda:i"
+        self.current = 0
+        self.training_forward = 0                      # > 0 inside the DDP forward of a training step
+        self.internal = 0                              # > 0 inside DDP's own code, which needs the real devices
+        self.dropout_calls = 0
+
+    # --- devices ---
+    def cuda_index(self, spec) -> str | None:
+        """``"cuda:i"`` for a device spec on a GPU (checked against this node's GPUs), None for any other."""
+        if spec is None or isinstance(spec, bool):
+            return None
+        if isinstance(spec, int):
+            index = spec
+        else:
+            device = torch.device(spec) if isinstance(spec, (str, torch.device)) else None
+            if device is None or device.type != "cuda":
+                return None
+            index = self.current if device.index is None else device.index
+        if not 0 <= index < self.count:
+            self.record["device_errors"].append(f"cuda:{index}")
+            raise RuntimeError(f"CUDA error: invalid device ordinal (cuda:{index}; this node has {self.count} "
+                               f"GPU(s), cuda:0 .. cuda:{self.count - 1})")
+        return f"cuda:{index}"
+
+    def _tag(self, out, device) -> None:
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self.where[leaf] = device
+
+    def _sync(self, what: str) -> None:
+        phase = "train" if torch.is_grad_enabled() else "eval"
+        self.record["syncs"][phase] += 1
+        if len(self.record["sync_kinds"]) < 5 and what not in self.record["sync_kinds"]:
+            self.record["sync_kinds"].append(what)
+
+    def _move(self, name, args, kwargs):
+        tensor = args[0]
+        if name == "cuda":
+            spec = args[1] if len(args) > 1 else kwargs.get("device")
+            target, dtype, non_blocking = self.cuda_index("cuda" if spec is None else spec), None, False
+            memory_format = None
+        elif len(args) > 1 and isinstance(args[1], torch.Tensor):
+            target, dtype, non_blocking, memory_format = self.where.get(args[1]), args[1].dtype, False, None
+        else:
+            device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args[1:], **kwargs)
+            if device is None:                               # a change of dtype only: same device
+                out = torch.Tensor.to(tensor, *args[1:], **kwargs)
+                self._tag(out, self.where.get(tensor))
+                return out
+            target = self.cuda_index(device)
+        source = self.where.get(tensor)
+        changes = {"dtype": dtype} if dtype is not None else {}
+        if memory_format is not None:
+            changes["memory_format"] = memory_format
+        out = torch.Tensor.to(tensor, **changes) if changes else tensor
+        if source != target:
+            if source is not None and target is None:
+                self._sync(".cpu()")                         # a copy from the GPU to the host waits for it
+            out = out.view_as(out) if out is tensor else out  # a new tensor, as a copy to another device is
+        if target is not None:
+            self.where[out] = target
+        return out
+
+    # --- dropout ---
+    def _dropout(self, args, kwargs):
+        x = args[0]
+        p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+        training = args[2] if len(args) > 2 else kwargs.get("training", True)
+        if not training:
+            return x
+        if self.training_forward and torch.is_grad_enabled():
+            seed = (self.training_forward - 1) * DROPOUT_SEEDS_PER_FORWARD + self.dropout_calls
+            self.dropout_calls += 1
+        else:                                                # evaluation with the model left in train mode
+            self.record["eval_in_train_mode"] += 1
+            seed = 10 ** 9 + self.record["eval_in_train_mode"]
+        out = masked_dropout(x, p, seed)
+        self._tag(out, self.where.get(x))
+        return out
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if func is F.dropout:
+            return self._dropout(args, kwargs)
+        if not self.simulate:
+            return func(*args, **kwargs)
+        if name in ("to", "cuda") and args and isinstance(args[0], torch.Tensor):
+            return self._move(name, args, kwargs)
+        if kwargs.get("device") is not None:
+            target = self.cuda_index(kwargs["device"])
+            if target is not None:
+                out = func(*args, **{**kwargs, "device": "cpu"})
+                self._tag(out, target)
+                return out
+        if (name == "__get__" and getattr(getattr(func, "__self__", None), "__name__", "") == "device"
+                and not self.internal and isinstance(args[0], torch.nn.Parameter) and args[0] in self.where):
+            return torch.device(self.where[args[0]])     # next(model.parameters()).device, as a script asks
+        leaves = [leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
+        devices = [self.where.get(leaf) for leaf in leaves]
+        if name in self.SYNCS and leaves and devices[0] is not None:
+            self._sync(f".{name}()" if not name.startswith("__") else f"{name.strip('_')}(tensor)")
+        if name in self.MIXING:
+            placed = {device or "cpu" for leaf, device in zip(leaves, devices) if leaf.dim() > 0}
+            if len(placed) > 1:
+                self.record["mismatches"].append({"op": name, "devices": [d or "cpu" for d in devices],
+                                                  "training": bool(self.training_forward)})
+                raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                                   f"{' and '.join(sorted(placed))}! (in {name}, on a simulated GPU node)")
+        if name == "__set__" and len(args) == 2 and isinstance(args[1], torch.Tensor):   # param.data = moved
+            self._tag(args[0], self.where.get(args[1]))
+        out = func(*args, **kwargs)
+        device = next((d for d in devices if d is not None), None)
+        if device is not None and name not in self.SYNCS:
+            self._tag(out, device)
+        return out
+
+    def device_of(self, tensor) -> str:
+        return self.where.get(tensor) or "cpu"
+
+
+def _record_calls(record: dict, gpus: SimulatedGPUs) -> None:
+    init, destroy, save, all_reduce = dist.init_process_group, dist.destroy_process_group, torch.save, dist.all_reduce
+    sampler_init, set_epoch, sampler_iter = DistributedSampler.__init__, DistributedSampler.set_epoch, DistributedSampler.__iter__
     ddp_init, ddp_forward = DistributedDataParallel.__init__, DistributedDataParallel.forward
     fail_at = int(os.environ.get("COURSE_PROBE_FAIL_AT", "0"))
+    fails_here = os.environ.get("COURSE_PROBE_FAIL_RANK", "") == os.environ.get("RANK")
+    right = {"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
 
     def init_process_group(*args, **kwargs):
-        given = inspect.signature(init).bind(*args, **kwargs).arguments
+        bound = inspect.signature(init).bind(*args, **kwargs)
+        given = bound.arguments
         record["init"] = {key: given.get(key) for key in ("rank", "world_size")}
-        result = init(*args, **kwargs)
-        record["init"]["backend"] = str(dist.get_backend())
-        return result
+        record["init"]["backend"] = str(given.get("backend"))
+        wrong = {key: value for key, value in record["init"].items()
+                 if key in right and value not in (None, -1) and int(value) != right[key]}
+        if wrong:   # the ranks would wait for each other until the timeout: stop now, the check explains why
+            raise RuntimeError(f"the check stopped this rank: init_process_group was given {wrong}, torchrun's "
+                               f"environment says {right}")
+        if gpus.simulate:
+            if given.get("device_id") is not None:
+                record["set_device"].append(gpus.cuda_index(given["device_id"]))
+                bound.arguments["device_id"] = None
+            bound.arguments["backend"] = "gloo"              # nccl needs real GPUs; gloo does the same sums
+        bound.arguments["timeout"] = min(given.get("timeout") or MAX_TIMEOUT, MAX_TIMEOUT)
+        return init(*bound.args, **bound.kwargs)
 
     def destroy_process_group(*args, **kwargs):
         record["destroyed"] = True
@@ -65,11 +242,19 @@ def _record_calls(record: dict) -> None:
         record["saves"].append(str(f))
         return save(obj, f, *args, **kwargs)
 
+    def hand_all_reduce(tensor, *args, **kwargs):
+        record["all_reduced"] += tensor.numel()
+        if gpus.simulate and record["init"] and "nccl" in record["init"]["backend"] and gpus.where.get(tensor) is None:
+            record["mismatches"].append({"op": "all_reduce", "devices": ["cpu"], "training": False})
+            raise RuntimeError("No backend type associated with device type cpu (nccl reduces GPU tensors only; "
+                               "on a simulated GPU node)")
+        return all_reduce(tensor, *args, **kwargs)
+
     def distributed_sampler(self, *args, **kwargs):
         given = inspect.signature(sampler_init).bind(self, *args, **kwargs).arguments
         # What the script passed, recorded before the sampler can refuse it (a rank >= num_replicas raises).
         entry = {"given": {key: given.get(key) for key in ("num_replicas", "rank")},
-                 "size": len(given["dataset"]), "epochs": []}
+                 "size": len(given["dataset"]), "epochs": [], "iterated": []}
         record["samplers"].append(entry)
         self._probe_index = len(record["samplers"]) - 1
         sampler_init(self, *args, **kwargs)
@@ -80,19 +265,68 @@ def _record_calls(record: dict) -> None:
             record["samplers"][self._probe_index]["epochs"].append(int(epoch))
         return set_epoch(self, epoch)
 
+    def sampler_iterate(self):
+        if hasattr(self, "_probe_index"):
+            record["samplers"][self._probe_index]["iterated"].append(int(self.epoch))
+        return sampler_iter(self)
+
     def ddp(self, *args, **kwargs):
+        bound = inspect.signature(ddp_init).bind(self, *args, **kwargs)
+        module = bound.arguments["module"]
         record["ddp"] += 1
-        return ddp_init(self, *args, **kwargs)
+        record["params"] = sum(p.numel() for p in module.parameters())
+        record["model_device"] = sorted({gpus.device_of(p) for p in module.parameters()})
+        ids = bound.arguments.get("device_ids")
+        record["device_ids"] = None if ids is None else [gpus.cuda_index(i) or str(i) for i in ids]
+        bound.arguments["device_ids"] = bound.arguments["output_device"] = None   # the tensors are on the CPU
+        gpus.internal += 1
+        try:
+            return ddp_init(*bound.args, **bound.kwargs)
+        finally:
+            gpus.internal -= 1
 
     def forward(self, *args, **kwargs):
-        record["forwards"] += 1
-        if fail_at and record["forwards"] == fail_at:
-            raise RuntimeError(INJECTED)
-        return ddp_forward(self, *args, **kwargs)
+        training = self.training and torch.is_grad_enabled()    # else evaluation through the wrapper
+        if training:
+            record["forwards"] += 1
+            batch = next((leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)), None)
+            record["batches"].append(0 if batch is None or batch.dim() == 0 else len(batch))
+            if fails_here and record["forwards"] == fail_at:
+                raise RuntimeError(INJECTED)
+            gpus.training_forward, gpus.dropout_calls = record["forwards"], 0
+        gpus.internal += 1
+        try:
+            return ddp_forward(self, *args, **kwargs)
+        finally:
+            gpus.training_forward = 0
+            gpus.internal -= 1
 
     dist.init_process_group, dist.destroy_process_group, torch.save = init_process_group, destroy_process_group, saved
+    dist.all_reduce = hand_all_reduce
     DistributedSampler.__init__, DistributedSampler.set_epoch = distributed_sampler, sampler_set_epoch
+    DistributedSampler.__iter__ = sampler_iterate
     DistributedDataParallel.__init__, DistributedDataParallel.forward = ddp, forward
+    if gpus.simulate:
+        _simulate_cuda(record, gpus)
+
+
+def _simulate_cuda(record: dict, gpus: SimulatedGPUs) -> None:
+    """torch.cuda as a node with a GPU per local process shows it to a script."""
+    def set_device(device):
+        index = gpus.cuda_index(device)
+        if index is None:
+            raise ValueError(f"torch.cuda.set_device takes a GPU (an index or a cuda device), not {device!r}")
+        record["set_device"].append(index)
+        gpus.current = int(index.split(":")[1])
+
+    def synchronize(device=None):
+        gpus._sync("torch.cuda.synchronize()")
+
+    torch.cuda.is_available = lambda: True
+    torch.cuda.device_count = lambda: gpus.count
+    torch.cuda.set_device, torch.cuda.synchronize = set_device, synchronize
+    torch.cuda.current_device = lambda: gpus.current
+    torch.cuda.get_device_name = lambda device=None: "simulated GPU"
 
 
 def main(argv: list[str]) -> None:
@@ -101,14 +335,20 @@ def main(argv: list[str]) -> None:
     script = argv[0]
     out = Path(os.environ.get("COURSE_PROBE_DIR", "."))
     rank = os.environ.get("RANK", "?")
-    record = {"rank": rank, "world_size": os.environ.get("WORLD_SIZE"), "init": None, "destroyed": False,
-              "samplers": [], "ddp": 0, "forwards": 0, "saves": [], "error": None, "printed": ""}
+    record = {"rank": rank, "world_size": os.environ.get("WORLD_SIZE"), "local_rank": os.environ.get("LOCAL_RANK"),
+              "local_world_size": os.environ.get("LOCAL_WORLD_SIZE"), "node": os.environ.get("GROUP_RANK"),
+              "init": None, "destroyed": False, "samplers": [], "ddp": 0, "forwards": 0, "batches": [], "saves": [],
+              "error": None, "printed": "", "set_device": [], "device_errors": [], "model_device": None,
+              "device_ids": None, "params": 0, "mismatches": [], "syncs": {"train": 0, "eval": 0}, "sync_kinds": [],
+              "all_reduced": 0, "eval_in_train_mode": 0}
     printed: list[str] = []
-    _record_calls(record)
+    gpus = SimulatedGPUs(record, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), os.environ.get("COURSE_PROBE_GPUS") == "1")
+    _record_calls(record, gpus)
     sys.stdout = _Tee(sys.stdout, printed)
     sys.argv = list(argv)
     try:
-        runpy.run_path(script, run_name="__main__")
+        with gpus:
+            runpy.run_path(script, run_name="__main__")
     except SystemExit as stop:
         if stop.code not in (None, 0):
             record["error"] = f"SystemExit: {stop.code}"
