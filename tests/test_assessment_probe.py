@@ -235,6 +235,28 @@ def test_each_mistake_fails_with_its_own_reason(tmp_path, monkeypatch, code, exp
         assert got[name] and words in got[name], f"{name}: expected a reason naming {words!r}, got {got[name]!r}"
 
 
+# Right on 2 ranks, wrong on 3: the grader probes both, so a world size written as a number shows.
+TWO_RANKS_ONLY = ("sampler = DistributedSampler(train_set, shuffle=True, seed=seed)",
+                  "sampler = DistributedSampler(train_set, num_replicas=2, rank=rank % 2, shuffle=True, seed=seed)")
+# Only rank 0 takes optimizer steps; the others run the same forward and backward (so DDP's all-reduce
+# still meets) but never step: their weights stay at the start.
+ONLY_RANK_0_STEPS = ("    optimizer.step()\n    return loss.detach()",
+                     "    if rank == 0:\n        optimizer.step()\n    return loss.detach()")
+
+
+def test_a_solution_right_on_two_ranks_but_not_three_fails_on_three(tmp_path, monkeypatch):
+    got = verdicts(tmp_path, _job_with(*TWO_RANKS_ONLY), monkeypatch, worlds=(2, 3))
+    assert got["sharding"] and got["sharding"].startswith("on 3 ranks"), got["sharding"]
+    assert got["ddp_step"] is None and got["metrics"] is None
+
+
+def test_a_job_where_only_rank_0_trains_fails_with_its_own_reason(tmp_path, monkeypatch):
+    got = verdicts(tmp_path, _job_with(*ONLY_RANK_0_STEPS), monkeypatch, worlds=(3,))
+    assert got["ddp_step"] and "weights differ" in got["ddp_step"], got["ddp_step"]
+    assert got["training_job"] and "different weights" in got["training_job"], got["training_job"]
+    assert got["sharding"] is None and got["metrics"] is None
+
+
 def test_code_that_cannot_run_fails_every_criterion_with_the_error(tmp_path, monkeypatch):
     got = verdicts(tmp_path, "def make_train_loader(:\n    pass\n", monkeypatch)
     assert all(reason and "SyntaxError" in reason for reason in got.values()), got
