@@ -82,7 +82,7 @@ TEMPLATE = """<!DOCTYPE html>
   Reveal.initialize({{
     hash: true, slideNumber: "c/t", transition: "none",
     pdfSeparateFragments: false, pdfMaxPagesPerSlide: 1,
-    katex: {{ local: "katex", throwOnError: false }},
+    katex: {{ local: "katex" }},
     plugins: [RevealMarkdown, RevealNotes, RevealMath.KaTeX]
   }});
 </script>
@@ -410,19 +410,28 @@ def write_deck(source: Path, out: Path, known: dict | None = None) -> dict:
             "equations": len(equations_of(text))}
 
 
-def print_pdfs(built: list[dict], out: Path) -> None:
+def print_pdfs(built: list[dict], out: Path, math_wait_s: float = 10) -> None:
     sys.path.insert(0, str(ROOT))
-    from slides.chromium import Browser
+    from slides.chromium import Browser, BrowserError
 
     with Browser() as browser:
         for deck in built:
             page = browser.new_page()
             page.goto(deck["html"].resolve().as_uri() + "?print-pdf")
-            # Print once reveal.js has laid out one page per slide and every figure has loaded.
+            # Print once reveal.js has laid out one page per slide, every figure has loaded and the
+            # math plugin has rendered every equation (TeX it cannot read stays raw, with a console error).
             page.wait_for(f"window.Reveal && Reveal.isReady() && "
                           f"document.querySelectorAll('.pdf-page').length === {deck['slides']} && "
-                          f"Array.from(document.images).every(i => i.complete) && "
-                          f"document.querySelectorAll('.katex').length >= {deck['equations']}")
+                          f"Array.from(document.images).every(i => i.complete)")
+            count = "document.querySelectorAll('.katex').length"
+            try:   # an equation KaTeX cannot parse logs an error at once; an unclosed one is never found
+                page.wait(lambda: page.evaluate(count) >= deck["equations"] or page.errors(), math_wait_s, "the equations")
+            except BrowserError:
+                pass
+            if page.evaluate(count) < deck["equations"]:
+                raise SystemExit(f"{deck['deck']}.md: {deck['equations']} equations, but KaTeX rendered "
+                                 f"{page.evaluate(count)}: "
+                                 f"{'; '.join(page.errors()) or 'look for unbalanced braces or a stray $'}")
             page.evaluate("document.fonts.ready.then(() => true)")
             deck["pdf"] = out / f"{deck['deck']}.pdf"
             deck["pdf"].write_bytes(page.pdf())
