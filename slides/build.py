@@ -4,18 +4,15 @@
     python -m slides.build --no-pdf 03_collectives
 
 A deck is Markdown: slides are separated by a line holding only `---`, and everything after a line
-starting `Note:` is that slide's speaker notes. Figures are drawn here by `utils.plotting`, from
-the recorded runs in benchmarks/results/ (the machine named on each) or as diagrams from code, into
-build/slides/figures/. reveal.js and KaTeX come from their npm packages (slides/package.json, pinned by
-slides/package-lock.json) and are copied beside the decks, so opening a deck fetches nothing.
-Equations are TeX between `$...$` (inline) or `$$...$$` (display); reveal.js's math plugin renders
-them with KaTeX when the deck opens.
+starting `Note:` is that slide's speaker notes; `slides/rules.py` says what a deck must hold (a timed
+agenda, timed notes on every slide, no solution code on an exercise slide) and the build refuses one
+that breaks a rule. `{{name}}` puts in a number recorded in benchmarks/results/ (`slides/values.py`).
+Figures are drawn here by `utils.plotting` from the recorded runs (the machine named on each), or as
+diagrams by `slides/diagrams.py`, into build/slides/figures/. reveal.js and KaTeX come from their npm
+packages (slides/package.json, pinned by slides/package-lock.json) and are copied beside the decks,
+so opening a deck fetches nothing. Equations are TeX between `$...$` (inline) or `$$...$$`
+(display); reveal.js's math plugin renders them with KaTeX when the deck opens.
 The PDF is headless Chromium printing the deck's print view (`?print-pdf`), one page per slide.
-
-The build refuses a deck that an instructor could not teach from (`check_source` says why): every
-slide's notes start with its time, `[N min]`; the second slide is a timed `## Agenda` whose minutes
-add up to the slides' minutes (per row, where a row names its slides as `| 4-7 | 14 min |`); notes hold no math (the speaker view shows them raw); and no
-`## Exercise` slide shows code from the lab's solution blocks (`### BEGIN SOLUTION`).
 """
 from __future__ import annotations
 
@@ -33,6 +30,10 @@ SLIDES = ROOT / "slides"
 RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT))
 from slides import values  # noqa: E402
+from slides.rules import (check_source, equations_of, notes_of, protect_math, split_slides,  # noqa: E402,F401
+                          visible_of)   # (notes_of and visible_of for the tests, which read decks through here)
+from slides.values import fill_values  # noqa: E402
+
 REVEAL = SLIDES / "node_modules" / "reveal.js"
 KATEX = SLIDES / "node_modules" / "katex"
 # The only reveal.js files a deck loads. The white theme embeds its fonts; the highlight plugin and
@@ -42,7 +43,6 @@ KATEX = SLIDES / "node_modules" / "katex"
 REVEAL_FILES = ("dist/reset.css", "dist/reveal.css", "dist/theme/white.css", "dist/reveal.js",
                 "dist/plugin/markdown.js", "dist/plugin/notes.js", "dist/plugin/math.js")
 KATEX_FILES = ("dist/katex.min.css", "dist/katex.min.js", "dist/contrib/auto-render.min.js", "dist/fonts")
-SEPARATOR = re.compile(r"\r?\n---[ \t]*\r?\n")  # the same as data-separator in TEMPLATE
 FIGURE = re.compile(r"figures/([\w.-]+\.svg)")
 
 TEMPLATE = """<!DOCTYPE html>
@@ -103,174 +103,7 @@ def decks(names: list[str] | None = None) -> list[Path]:
     return found
 
 
-def split_slides(text: str) -> list[str]:
-    """The slides of a deck source, as the markdown plugin splits them."""
-    return SEPARATOR.split(text.strip("\n"))
-
-
-def notes_of(slide: str) -> str:
-    """A slide's speaker notes (after its `Note:` line), or ''."""
-    parts = re.split(r"^Note:", slide, maxsplit=1, flags=re.MULTILINE)
-    return parts[1].strip() if len(parts) == 2 else ""
-
-
-MINUTES = re.compile(r"\[(\d+) min\]")
-CODE = re.compile(r"```.*?```|`[^`\n]*`", re.DOTALL)
-MATH = re.compile(r"\$\$.+?\$\$|\$[^$\n]+?\$", re.DOTALL)
-PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")   # every ASCII punctuation mark: markdown may read each one
-
-
-def visible_of(slide: str) -> str:
-    """What a slide shows: its text before the `Note:` line."""
-    return re.split(r"^Note:", slide, maxsplit=1, flags=re.MULTILINE)[0]
-
-
-def title_of(slide: str) -> str:
-    return next((line.lstrip("#").strip() for line in slide.splitlines() if line.startswith("#")), "")
-
-
-def minutes_of(slide: str) -> int | None:
-    """The minutes a slide's notes give it (`[N min]` at their start), or None."""
-    found = MINUTES.match(notes_of(slide))
-    return int(found.group(1)) if found else None
-
-
-def _outside_code(text: str, pattern: re.Pattern, replace=None):
-    """``pattern``'s matches in ``text`` outside code spans and blocks; with ``replace``, the text
-    with each match replaced by ``replace(match)``."""
-    pieces, found, last = [], [], 0
-    for code in CODE.finditer(text):
-        pieces += [(text[last:code.start()], False), (code.group(0), True)]
-        last = code.end()
-    pieces.append((text[last:], False))
-    out = []
-    for piece, is_code in pieces:
-        if not is_code:
-            found += pattern.findall(piece)
-            if replace:
-                piece = pattern.sub(replace, piece)
-        out.append(piece)
-    return "".join(out) if replace else found
-
-
-def equations_of(text: str) -> list[str]:
-    """The TeX of every `$...$` and `$$...$$` outside code."""
-    return _outside_code(text, MATH)
-
-
-def protect_math(text: str) -> str:
-    """The deck with a backslash before every punctuation mark inside its equations, so that the
-    markdown plugin hands KaTeX the TeX as written (it would read `_` as emphasis, `\\` as an escape)."""
-    def escape(match):
-        tex = match.group(0)
-        fence = "$$" if tex.startswith("$$") else "$"
-        return fence + PUNCTUATION.sub(r"\\\1", tex[len(fence):-len(fence)]) + fence
-    return _outside_code(text, MATH, escape)
-
-
-def _tokens(code: str) -> list[str]:
-    """Python tokens with local names and numbers abstracted (attribute names and modules kept), so
-    `A[:, a:b]` and `A[:, start:stop]` compare equal."""
-    import keyword
-
-    code = re.sub(r"#.*", "", code)
-    out = []
-    for token in re.findall(r"[A-Za-z_]\w*|\d+(?:\.\d*)?|\S", code):
-        if token[0].isdigit():
-            token = "0"
-        elif (token[0].isalpha() or token[0] == "_") and not keyword.iskeyword(token) \
-                and token not in ("dist", "torch", "nn", "F", "np", "math") and not (out and out[-1] == "."):
-            token = "N"
-        out.append(token)
-    return out
-
-
-def solution_lines(stem: str) -> list[str]:
-    """Each line of the solution blocks of the notebook a deck belongs to, as joined tokens."""
-    notebook = ROOT / "assessment" / "assessment.ipynb" if stem == "assessment" else ROOT / "labs" / f"{stem}.ipynb"
-    if not notebook.exists():
-        return []
-    lines, inside = [], False
-    for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
-        source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
-        for line in source.splitlines():
-            if "### BEGIN SOLUTION" in line or "### END SOLUTION" in line:
-                inside = "BEGIN" in line
-            elif inside and cell["cell_type"] == "code" and _tokens(line):
-                lines.append(" " + " ".join(_tokens(line)) + " ")
-    return lines
-
-
-def solution_code_in(slide: str, solutions: list[str]) -> list[str]:
-    """The code on a slide that comes from a solution: a piece of 8 or more tokens of a solution line,
-    or a whole solution line of 5 or more tokens."""
-    pieces = [line for block in re.findall(r"```[^\n]*\n(.*?)```", slide, re.DOTALL) for line in block.splitlines()]
-    pieces += re.findall(r"(?<!`)`([^`\n]+)`(?!`)", slide)
-    found = []
-    for piece in pieces:
-        tokens = _tokens(piece)
-        joined = " " + " ".join(tokens) + " "
-        if (len(tokens) >= 8 and any(joined in line for line in solutions)) or \
-                any(line in joined for line in solutions if line.count(" ") - 1 >= 5):
-            found.append(piece.strip())
-    return found
-
-
-def check_source(path: Path) -> list[str]:
-    """What is wrong with a deck source, in words (empty when nothing)."""
-    problems = []
-    text = path.read_text(encoding="utf-8")
-    slides = split_slides(text)
-    solutions = solution_lines(path.stem)
-    for i, slide in enumerate(slides, 1):
-        notes = notes_of(slide)
-        if not slide.strip():
-            problems.append(f"{path.name}: slide {i} is empty (two `---` lines in a row?)")
-            continue
-        if not notes:
-            problems.append(f"{path.name}: slide {i} has no speaker notes (add a `Note:` line and notes)")
-            continue
-        if minutes_of(slide) is None:
-            problems.append(f"{path.name}: slide {i}'s notes do not start with its time, e.g. `[3 min]`")
-        if equations_of(notes):
-            problems.append(f"{path.name}: slide {i}'s notes hold an equation ($...$); the speaker view "
-                            "shows notes unrendered, so say it in words")
-        if title_of(slide).startswith("Exercise"):
-            for code in solution_code_in(visible_of(slide), solutions):
-                problems.append(f"{path.name}: slide {i} ({title_of(slide)}) shows solution code `{code}`; "
-                                "name the idea and the API instead")
-    agenda = slides[1] if len(slides) > 1 else ""
-    if title_of(agenda) != "Agenda":
-        problems.append(f"{path.name}: slide 2 must be the timed agenda (`## Agenda`, one line per part with its minutes)")
-    else:
-        planned = [int(m) for m in re.findall(r"(\d+) min", visible_of(agenda))]
-        given = sum(m for m in map(minutes_of, slides) if m is not None)
-        if len(planned) < 3:
-            problems.append(f"{path.name}: the agenda gives minutes for {len(planned)} parts; give each part its `N min`")
-        elif sum(planned) != given:
-            problems.append(f"{path.name}: the agenda adds up to {sum(planned)} min but the slides' notes to "
-                            f"{given} min; make them agree")
-        for first, last, minutes in re.findall(r"\|\s*(\d+)-(\d+)\s*\|\s*(\d+) min", visible_of(agenda)):
-            part = sum(minutes_of(s) or 0 for s in slides[int(first) - 1:int(last)])
-            if part != int(minutes):
-                problems.append(f"{path.name}: the agenda gives slides {first}-{last} {minutes} min, their notes {part} min")
-    if "</textarea" in text.lower():
-        problems.append(f"{path.name}: the text `</textarea` would end the deck early; reword it")
-    return problems
-
-
 _recorded, _machine = values.recorded, values.machine
-VALUE = re.compile(r"\{\{\s*([\w.]+)\s*\}\}")
-
-
-def fill_values(text: str, known: dict, name: str) -> str:
-    """The deck with every `{{name}}` replaced by its recorded value (slides/values.py)."""
-    unknown = sorted(set(VALUE.findall(text)) - set(known))
-    if unknown:
-        raise SystemExit(f"{name}: no recorded value named {', '.join(unknown)} (slides/values.py lists them)")
-    return VALUE.sub(lambda m: known[m.group(1)], text)
-
-
 def figures() -> dict:
     """{file name: function returning a Figure}: every figure the decks may show."""
     from slides import diagrams

@@ -6,9 +6,21 @@ and refuses a name it does not know. So no number that a results file holds is t
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+
+
+VALUE = re.compile(r"\{\{\s*([\w.]+)\s*\}\}")
+
+
+def fill_values(text: str, known: dict, name: str) -> str:
+    """The deck with every `{{name}}` replaced by its recorded value (slides/values.py)."""
+    unknown = sorted(set(VALUE.findall(text)) - set(known))
+    if unknown:
+        raise SystemExit(f"{name}: no recorded value named {', '.join(unknown)} (slides/values.py lists them)")
+    return VALUE.sub(lambda m: known[m.group(1)], text)
 
 
 def recorded(name: str) -> dict:
