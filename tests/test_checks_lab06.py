@@ -53,7 +53,7 @@ MISTAKES = {
     "no sampler": ("check_job", [(SAMPLER, ""), ("sampler=sampler", "shuffle=True"), (SET_EPOCH, "        pass")],
                    "built no DistributedSampler"),
     "no set_epoch": ("check_job", [(SET_EPOCH, "        pass")], "set_epoch called with nothing"),
-    "logging on every rank": ("check_job", [("        if rank == 0:\n            accuracy", "        if True:\n            accuracy")],
+    "logging on every rank": ("check_job", [("        if rank == 0:\n            _, accuracy", "        if True:\n            _, accuracy")],
                               "printed epoch lines too"),
     "saving on every rank": ("check_job", [("            torch.save(model.state_dict()", "        if True:\n            torch.save(model.state_dict()")],
                              "torch.save was called on rank(s) [0, 1, 2]"),
