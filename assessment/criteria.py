@@ -76,6 +76,12 @@ def _weights(module: torch.nn.Module) -> list[torch.Tensor]:
 
 # --- 1. sharding: make_train_loader(train_set, global_batch, seed) -> (loader, sampler) ----------
 
+def assessment_batch(world: int) -> int:
+    """The assessment's global batch, rounded down to a multiple of ``world`` (the probe also runs 3 ranks)."""
+    from . import settings
+    return settings.GLOBAL_BATCH - settings.GLOBAL_BATCH % world
+
+
 def rank_sharding(ns: dict, global_batch: int, seed: int) -> dict:
     loader, sampler = ns["make_train_loader"](IndexSet(N_PROBE), global_batch, seed)
     epochs = []
@@ -83,8 +89,14 @@ def rank_sharding(ns: dict, global_batch: int, seed: int) -> dict:
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
         epochs.append([[int(i) for i in x.tolist()] for x, _ in loader])
+    # The assessment's own global batch too: a loader that caps the batch (min(global_batch, 64), say)
+    # passes the small probe above but would train the run that counts at another batch.
+    big_batch = assessment_batch(dist.get_world_size())
+    big, _ = ns["make_train_loader"](IndexSet(2 * big_batch), big_batch, seed)
+    first = next(iter(big), None)
     return {"epochs": epochs, "loader_uses_sampler": getattr(loader, "sampler", None) is sampler,
-            "has_set_epoch": hasattr(sampler, "set_epoch")}
+            "has_set_epoch": hasattr(sampler, "set_epoch"),
+            "assessment_batch": int(len(first[0])) if first is not None else 0}
 
 
 # --- 2. the DDP step: wrap_model(model) and train_step(model, optimizer, x, y) ------------------
@@ -194,6 +206,9 @@ def rank_job(ns: dict, seed: int, checkpoint_dir: str) -> dict:
         ns["train"](JOB_EPOCHS, JOB_BATCH_PER_RANK * world, checkpoint_dir)
     dist.barrier()
     saved = []   # per epoch: the checkpoint's keys and values, None where it is missing, or why it is unreadable
+    # Each rank got a folder of its own (the probe's choice: a job may not assume a shared one), so a
+    # rank other than 0 that saves leaves files where none should be.
+    other_saves = len(list(Path(checkpoint_dir).glob("*.pt"))) if dist.get_rank() and Path(checkpoint_dir).is_dir() else 0
     for epoch in range(1, JOB_EPOCHS + 1 if dist.get_rank() == 0 else 1):   # rank 0 saves, and is judged
         path = Path(checkpoint_dir) / settings.checkpoint_name(epoch)
         if not path.exists():
@@ -206,6 +221,7 @@ def rank_job(ns: dict, seed: int, checkpoint_dir: str) -> dict:
             saved.append(f"{type(error).__name__}: {error}")
     return {"printed": out.getvalue(), "fetched": ns["train_set"].fetched, "batch_sizes": probes["batch_sizes"],
             "weights": _weights(probes["models"][-1]) if probes["models"] else None, "saved": saved,
+            "other_saves": other_saves,
             "keys": list(probes["models"][-1].state_dict()) if probes["models"] else [],
             "optimizers": len(probes["optimizers"]), "outside_ddp": len(probes["outside_ddp"])}
 

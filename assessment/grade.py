@@ -62,28 +62,31 @@ def _criteria():
     return CRITERIA
 
 
-def evaluate_model(path: Path, seed: int) -> tuple[float | None, str]:
-    """Accuracy of one saved state_dict on fresh held-out images, or None and the reason.
+def load_checkpoint(path: Path) -> tuple[dict | None, str]:
+    """One saved state_dict as plain dense tensors of the model's shapes, or None and why it was refused.
 
     The file is untrusted: ``model_file`` checks the archive and loads it in a memory-limited process."""
+    from utils import models
+    from . import model_file
+    if not path.exists():
+        return None, ""
+    expected = {k: (tuple(v.shape), v.dtype) for k, v in models.CNN((1, 28, 28)).state_dict().items()}
+    try:
+        return model_file.load_state_dict(path, expected), ""
+    except model_file.ModelFileError as error:
+        return None, f"{path.name} was refused: {error}"
+
+
+def accuracy_on_fresh_images(state: dict, seed: int) -> float:
     import torch
 
-    from utils import data, models
-    from . import model_file, settings
-    if not path.exists():
-        return None, f"no file {path.name}"
+    from utils import models
     model = models.CNN((1, 28, 28))
-    expected = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
-    try:
-        state = model_file.load_state_dict(path, expected)
-    except model_file.ModelFileError as error:
-        return None, f"the saved model file was refused ({path.name}): {error}"
     model.load_state_dict(state)
     fresh = _fresh_images(seed)
     model.eval()
     with torch.no_grad():
-        accuracy = (model(fresh.x_train).argmax(1) == fresh.y_train).float().mean().item()
-    return accuracy, ""
+        return (model(fresh.x_train).argmax(1) == fresh.y_train).float().mean().item()
 
 
 @functools.lru_cache(maxsize=2)
@@ -97,28 +100,42 @@ def _fresh_images(seed: int):
 def judge_checkpoints(folder: Path, seed: int) -> tuple[bool, str]:
     """Whether two consecutive epochs' checkpoints reach the target on fresh images, and the feedback.
 
-    Every checkpoint is evaluated (on the same fresh images); a missing or refused one breaks the run."""
+    Every checkpoint is evaluated on the same fresh images. A checkpoint identical to the one before it
+    is not a new evaluation (one model saved under several names, or a "best so far" copy), and a
+    missing or refused one breaks the run of evaluations."""
+    import torch
+
     from . import settings
-    accuracies, problems = [], []
+    names = f"{settings.checkpoint_name(1)} to {settings.checkpoint_name(settings.EPOCHS)}"
+    accuracies, refused, previous = [], [], None
     for epoch in range(1, settings.EPOCHS + 1):
-        accuracy, why = evaluate_model(folder / settings.checkpoint_name(epoch), seed)
-        accuracies.append(accuracy)
+        state, why = load_checkpoint(folder / settings.checkpoint_name(epoch))
         if why:
-            problems.append(why)
+            refused.append(why)
+        repeated = (state is not None and previous is not None
+                    and all(torch.equal(state[k], previous[k]) for k in state))
+        accuracies.append(None if state is None else "same" if repeated else accuracy_on_fresh_images(state, seed))
+        previous = state
     if all(a is None for a in accuracies):
-        return False, (f"your notebook saved no checkpoint in {settings.CHECKPOINT_DIR}/ (settings.checkpoint_name"
-                       f"(1) to ({settings.EPOCHS})): the run that counts did not finish"
-                       + (f"; {problems[0]}" if problems and "no file" not in problems[0] else ""))
-    shown = ", ".join("-" if a is None else f"{a:.3f}" for a in accuracies)
-    summary = (f"accuracy of your checkpoints after epochs 1-{settings.EPOCHS} on {settings.EVAL_SIZE} fresh "
-               f"held-out images: {shown}")
+        if refused:
+            return False, f"every checkpoint in {settings.CHECKPOINT_DIR}/ was refused, so none could be evaluated: {refused[0]}"
+        return False, (f"your notebook saved no checkpoint in {settings.CHECKPOINT_DIR}/ ({names}): the run that "
+                       f"counts did not finish")
+    shown = ", ".join("missing" if a is None else "same as before" if a == "same" else f"{a:.3f}"
+                      for a in accuracies)
+    summary = f"accuracy of your checkpoints after epochs 1-{settings.EPOCHS} on {settings.EVAL_SIZE} fresh held-out images: {shown}"
     for epoch in range(1, settings.EPOCHS):
         pair = accuracies[epoch - 1:epoch + 1]
-        if None not in pair and min(pair) >= settings.TARGET:
+        if all(isinstance(a, float) and a >= settings.TARGET for a in pair):
             return True, f"{summary}; at or above the target {settings.TARGET:.2f} after epochs {epoch} and {epoch + 1}"
-    refused = [p for p in problems if "no file" not in p]
+    notes = []
+    if "same" in accuracies:
+        notes.append("a checkpoint identical to the one before it is not a new evaluation: save the model as it is "
+                     "after each epoch")
+    if None in accuracies:
+        notes.append(f"a missing or refused checkpoint breaks the run ({names})" + (f"; {refused[0]}" if refused else ""))
     return False, (f"{summary}; the target is {settings.TARGET:.2f} at two consecutive epochs"
-                   + (f" ({refused[0]})" if refused else ""))
+                   + "".join(f". Note: {n}" for n in notes))
 
 
 RESULTS_BYTES = 16 << 20   # a rank's results are tiny tensors and lists: more is an attack
@@ -245,8 +262,7 @@ def _grade(path: Path, out: Path, options: argparse.Namespace, grade: Grade) -> 
 
         reached, why = judge_checkpoints(ran, secrets.randbelow(2**31))   # kept files come back by base name
         if not reached:
-            grade.reasons["target"] = (f"{run_problem}; {why}" if run_problem and "saved no checkpoint" in why
-                                       else why)
+            grade.reasons["target"] = f"{run_problem}; {why}" if run_problem else why
         elif (over := _over_time_budget(result.seconds, options)) is not None:
             grade.reasons["target"] = over
         else:

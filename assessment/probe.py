@@ -126,7 +126,7 @@ def _rank(rank: int, world: int, port: int, code: str, out: str, seeds: dict) ->
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
     ns = engine_names(rank, world)
-    checkpoint_dir = str(Path(out) / f"job_world{world}")
+    checkpoint_dir = str(Path(out) / f"job_world{world}_rank{rank}")   # each rank its own: see criteria.rank_job
     # Bound now, before the learner's code runs: replacing criteria.rank_* later changes nothing here.
     mine, shared = seeds["rank"], seeds["shared"]
     runs = {"sharding": functools.partial(criteria.rank_sharding, ns, 4 * world, shared),

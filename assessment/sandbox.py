@@ -56,6 +56,7 @@ class Limits:
     wall_s: float = 600                 # the whole command, kept by the grader
     cpu_s: int = 1800                   # CPU seconds, per process
     file_bytes: int = 64 << 20          # the largest file it may write (and the most that comes back per file)
+    kept_bytes: int = 192 << 20         # all the kept files together, as they come back (the grader holds them)
     disk_bytes: int = 256 << 20         # its working folder and /tmp, each (tmpfs)
     open_files: int = 2048
     memory_bytes: int = 8 << 30         # address space per process (not set where CUDA needs more)
@@ -243,8 +244,8 @@ class _Launch:
 _SUPERVISOR = r"""
 import ctypes, io, os, subprocess, sys, tarfile
 ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
-keep, cap = sys.argv[1].splitlines(), int(sys.argv[2])
-child = subprocess.Popen(sys.argv[3:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+keep, cap, budget = sys.argv[1].splitlines(), int(sys.argv[2]), int(sys.argv[3])
+child = subprocess.Popen(sys.argv[4:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 while True:
     pid, status = os.wait()
     if pid == child.pid:
@@ -255,13 +256,14 @@ out.write(b"\n--course-sandbox-files--\n")
 with tarfile.open(fileobj=out, mode="w|") as tar:
     for name in keep:
         try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)   # a FIFO must not block
         except OSError:
             continue
         with os.fdopen(fd, "rb") as f:
             if not os.path.isfile(f"/proc/self/fd/{f.fileno()}"):
                 continue
-            data = f.read(cap)
+            data = f.read(max(0, min(cap, budget)))
+        budget -= len(data)
         info = tarfile.TarInfo(os.path.basename(name))
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
@@ -301,11 +303,12 @@ def run(command: list[str], workdir: Path, keep: list[str], outdir: Path, limits
             f"MiB and {limits.open_files} open, per process", f"work folder and /tmp {limits.disk_bytes >> 20} MiB each",
             f"wall clock {limits.wall_s:.0f} s"] + (cgroups.caps or ["no cgroup: no cap on the whole submission's "
                                                                      "memory or process count"])
-    cap = len(keep) * limits.file_bytes + (1 << 20)
+    cap = min(len(keep) * limits.file_bytes, limits.kept_bytes) + (1 << 20)   # + the tar stream's headers
     try:
         with _Mounts(view) as mounts:
             argv = _bwrap_argv(mounts, files, limits, inside_env)
-            argv += ["--", sys.executable, "-I", "-c", _SUPERVISOR, "\n".join(keep), str(limits.file_bytes), *command]
+            argv += ["--", sys.executable, "-I", "-c", _SUPERVISOR, "\n".join(keep), str(limits.file_bytes),
+                     str(limits.kept_bytes), *command]
             launch = _Launch(sandbox_uid(), cgroups, limits, mounts)
             for fd, _ in files:
                 os.set_inheritable(fd, True)
@@ -422,11 +425,14 @@ def _run_unprotected(command, workdir: Path, keep, outdir: Path, limits: Limits,
     timed_out = _wait(process, limits.wall_s)
     _kill_group(process.pid)
     kill_until_gone(lambda: marked_pids(token))
+    budget = limits.kept_bytes
     for name in keep:
         source = workdir / name
         if source.is_file() and not source.is_symlink():
             with open(source, "rb") as src:
-                (outdir / Path(name).name).write_bytes(src.read(limits.file_bytes))
+                data = src.read(max(0, min(limits.file_bytes, budget)))
+            budget -= len(data)
+            (outdir / Path(name).name).write_bytes(data)
     return Result(None if timed_out else process.returncode, timed_out, time.monotonic() - start, "none",
                   caps=["per-process limits only: no boundary (the submission runs as you)"])
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .criteria import (CRITERIA, JOB_BATCH_PER_RANK, JOB_EPOCHS, JOB_LR, N_PROBE, SHARED, STEP_LR, STEP_MOMENTUM,
-                       STEP_STEPS, _weights, job_data, metric_inputs, probe_job_model, probe_model,
+                       STEP_STEPS, _weights, assessment_batch, job_data, metric_inputs, probe_job_model, probe_model,
                        rank_run, rank_seed, rank_sharding, step_batches)
 
 
@@ -59,6 +59,11 @@ def judge_sharding(results: list[dict], global_batch: int) -> str | None:
     if results[0]["epochs"][0] == results[0]["epochs"][1]:
         return ("epochs 0 and 1 give the same order although set_epoch() was called: the sampler must reshuffle "
                 "with the epoch (DistributedSampler does)")
+    big_batch = assessment_batch(world)
+    got = [r.get("assessment_batch") for r in results]
+    if any(b != big_batch // world for b in got):
+        return (f"at the assessment's global batch ({big_batch} on {world} ranks) your loader's batches hold "
+                f"{got[0]} samples, not {big_batch // world}: every global batch is split the same way")
     return None
 
 
@@ -116,8 +121,9 @@ def judge_metrics(results: list[dict], secret: int) -> str | None:
 
 # --- 4. the training job ---------------------------------------------------------------------------
 
-def reference_job(results: list[dict], secret: int) -> list[torch.Tensor] | str:
-    """One process on the global batches the ranks drew, in their order: the weights train() must reach.
+def reference_job(results: list[dict], secret: int) -> list[list[torch.Tensor]]:
+    """One process on the global batches the ranks drew, in their order: the weights train() must hold
+    after each epoch (the last entry: at the end).
 
     The ranks' logs of the samples they drew say which global batch each step took; the data and the
     model come from the seed. A rank's step k took its k-th batch of JOB_BATCH_PER_RANK samples.
@@ -126,14 +132,17 @@ def reference_job(results: list[dict], secret: int) -> list[torch.Tensor] | str:
     x, y = job_data(rank_seed(secret, world, SHARED))
     model = probe_job_model(rank_seed(secret, world, SHARED))
     optimizer = torch.optim.SGD(model.parameters(), lr=JOB_LR, momentum=0.9)
-    steps = JOB_EPOCHS * (N_PROBE // world) // JOB_BATCH_PER_RANK
-    for step in range(steps):
+    per_epoch = (N_PROBE // world) // JOB_BATCH_PER_RANK
+    after_each_epoch = []
+    for step in range(JOB_EPOCHS * per_epoch):
         part = slice(step * JOB_BATCH_PER_RANK, (step + 1) * JOB_BATCH_PER_RANK)
         index = torch.tensor([i for r in results for i in r["fetched"][part]], dtype=torch.long)
         optimizer.zero_grad()
         F.cross_entropy(model(x[index]), y[index]).backward()
         optimizer.step()
-    return _weights(model)
+        if (step + 1) % per_epoch == 0:
+            after_each_epoch.append(_weights(model))
+    return after_each_epoch
 
 
 def judge_job(results: list[dict], secret: int) -> str | None:
@@ -169,7 +178,8 @@ def judge_job(results: list[dict], secret: int) -> str | None:
     if any(r["optimizers"] != 1 for r in results):
         return ("train() must build its optimizer once, with make_optimizer(parameters, global_batch, steps_per_epoch) "
                 "returning (optimizer, scheduler): the grader swaps in its own to compare your job with one process")
-    if not _same(results[0]["weights"], reference_job(results, secret), 1e-5):
+    reference = reference_job(results, secret)
+    if not _same(results[0]["weights"], reference[-1], 1e-5):
         return ("the trained weights are not those of one process taking the same global batches in the same order: "
                 "each step is one train_step on this rank's batch of the DDP model, then scheduler.step(); no extra "
                 "steps, no extra gradient averaging, no change to the gradients")
@@ -183,9 +193,16 @@ def judge_job(results: list[dict], secret: int) -> str | None:
         if state["keys"] != results[0]["keys"]:
             return ("a checkpoint's keys are not the model's: save model.module.state_dict() (the model inside DDP, so "
                     "the keys have no 'module.' prefix)")
-    if not _same(saved[-1]["values"], results[0]["weights"], 1e-6):
-        return ("the last epoch's checkpoint is not the trained model: save model.module.state_dict() after each "
-                "epoch's training")
+    for epoch, state in enumerate(saved, 1):
+        if not _same(state["values"], reference[epoch - 1], 1e-5):
+            return (f"the checkpoint of epoch {epoch} is not the model as it is after epoch {epoch}'s training: save "
+                    f"model.module.state_dict() at the end of every epoch (not a best-so-far copy, not the final "
+                    f"model under every name)")
+    saves = [r["other_saves"] for r in results[1:]]
+    if any(saves):
+        rank = 1 + next(i for i, n in enumerate(saves) if n)
+        return (f"rank {rank} saved {saves[rank - 1]} checkpoint file(s) too: only rank 0 saves, or the ranks "
+                f"write the same file at once")
     return None
 
 
@@ -218,7 +235,7 @@ def check_on_engines(name: str, ns: dict, seed: int = 0, **options) -> None:
     with exercise(f"Criterion '{name}'"):
         world = dist.get_world_size()
         saved = {key: ns[key] for key in ("train_set", "test_set", "make_model", "make_optimizer") if key in ns}
-        path = str(Path(options.get("folder", ".")) / f".check_job_{world}")
+        path = str(Path(options.get("folder", ".")) / f".check_job_{world}_rank{dist.get_rank()}")
         try:
             if name == "sharding" and "global_batch" in options:
                 mine = rank_sharding(ns, options["global_batch"], seed)
@@ -226,8 +243,7 @@ def check_on_engines(name: str, ns: dict, seed: int = 0, **options) -> None:
                 mine = rank_run(name, ns, seed, path)
         finally:
             ns.update(saved)
-            if dist.get_rank() == 0:
-                shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(path, ignore_errors=True)
         results = [None] * world
         dist.all_gather_object(results, mine)
         if name == "sharding" and "global_batch" in options:

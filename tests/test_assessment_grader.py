@@ -398,7 +398,7 @@ def test_fake_results_patched_checks_and_a_fake_model_earn_nothing(graded):
     assert "your code replaced" in feedback["i_cheater"]
     assert "assessment.criteria.rank_job" in feedback["i_cheater"]
     assert "assessment.criteria.check_on_engines" in feedback["i_cheater"]
-    assert "saved model file was refused" in feedback["i_cheater"]
+    assert "every checkpoint in checkpoints/ was refused" in feedback["i_cheater"]
     assert not (out / "metrics.json").exists()
     assert "# edited" not in (ROOT / "assessment" / "grade.py").read_text()
 
@@ -501,7 +501,7 @@ def test_the_learner_edition_has_no_solution_rubric_or_hidden_test():
     text = "\n".join(c.source for c in learner_notebook(instructor()).cells)
     for words in ("Rubric", "Model answer", "HIDDEN TESTS", "BEGIN SOLUTION", "DistributedSampler(train_set"):
         assert words not in text, f"the learner edition still shows {words!r}"
-    assert text.count("YOUR ANSWER HERE") == 2 and text.count("raise NotImplementedError") == 6
+    assert text.count("YOUR ANSWER HERE") == 3 and text.count("raise NotImplementedError") == 6
 
 
 def test_display_updates_count_against_the_output_cap(tmp_path):

@@ -141,6 +141,12 @@ JOB_MISTAKES = {
                                  "            for p in model.parameters():\n"
                                  "                dist.all_reduce(p.grad)\n"
                                  "            optimizer.step()"), "not those of one process"),
+    # Found by an outside test: the final model saved under every epoch's name passed "two in a row"
+    "final-under-every-name": (("            torch.save(model.module.state_dict(), os.path.join(checkpoint_dir, "
+                                "settings.checkpoint_name(epoch + 1)))",
+                                "            for e in range(1, epochs + 1) if epoch == epochs - 1 else ():\n"
+                                "                torch.save(model.module.state_dict(), os.path.join(checkpoint_dir, "
+                                "settings.checkpoint_name(e)))"), "is not the model as it is after epoch 1"),
     # one file at the end, not a checkpoint per epoch: the grader could not see two evaluations in a row
     "saves-only-at-the-end": (("            torch.save(model.module.state_dict(), os.path.join(checkpoint_dir, "
                                "settings.checkpoint_name(epoch + 1)))",
@@ -242,6 +248,28 @@ TWO_RANKS_ONLY = ("sampler = DistributedSampler(train_set, shuffle=True, seed=se
 # still meets) but never step: their weights stay at the start.
 ONLY_RANK_0_STEPS = ("    optimizer.step()\n    return loss.detach()",
                      "    if rank == 0:\n        optimizer.step()\n    return loss.detach()")
+
+
+# Found by an outside test: a loader that caps the batch passes the small probes but trains the run that
+# counts at another batch; and every rank writing the checkpoint (one file, several writers) passed.
+CAPPED_AND_EVERY_RANK_SAVES = [
+    ("loader = DataLoader(train_set, batch_size=global_batch // world_size,",
+     "loader = DataLoader(train_set, batch_size=min(global_batch, 64) // world_size,"),
+    ("            torch.save(model.module.state_dict(), os.path.join(checkpoint_dir, settings.checkpoint_name(epoch + 1)))",
+     "            pass\n        os.makedirs(checkpoint_dir, exist_ok=True)\n"
+     "        torch.save(model.module.state_dict(), os.path.join(checkpoint_dir, settings.checkpoint_name(epoch + 1)))"),
+]
+
+
+def test_a_capped_batch_and_checkpoints_saved_by_every_rank_fail_with_their_own_reasons(tmp_path, monkeypatch):
+    code = solution_code()
+    for old, new in CAPPED_AND_EVERY_RANK_SAVES:
+        assert old in code, old
+        code = code.replace(old, new, 1)
+    got = verdicts(tmp_path, code, monkeypatch, worlds=(3,))
+    assert got["sharding"] and "at the assessment's global batch" in got["sharding"], got["sharding"]
+    assert got["training_job"] and "rank 1 saved" in got["training_job"], got["training_job"]
+    assert got["ddp_step"] is None and got["metrics"] is None
 
 
 def test_a_solution_right_on_two_ranks_but_not_three_fails_on_three(tmp_path, monkeypatch):

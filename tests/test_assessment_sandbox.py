@@ -39,6 +39,24 @@ def test_files_named_in_keep_come_back_and_the_exit_code_is_reported(tmp_path):
     assert not (out / "absent.txt").exists()
 
 
+@pytest.mark.parametrize("mode", [MODE, "none"])
+def test_the_kept_files_together_come_back_within_their_own_cap(tmp_path, mode):
+    # Found by an outside test: each kept name could bring back file_bytes (hard links to one sparse file
+    # cost no disk), so 22 names made the grader hold gigabytes. A FIFO among them must not block.
+    result, out = run_script(tmp_path, """
+        import os
+        with open("big0.bin", "wb") as f:
+            f.truncate(3 << 20)
+        for i in (1, 2, 3):
+            os.link("big0.bin", f"big{i}.bin")
+        os.mkfifo("pipe.bin")
+    """, keep=["pipe.bin", "big0.bin", "big1.bin", "big2.bin", "big3.bin"], wall_s=60, mode=mode,
+                             file_bytes=4 << 20, kept_bytes=7 << 20)
+    assert result.returncode == 0 and not result.timed_out
+    sizes = [(out / f"big{i}.bin").stat().st_size if (out / f"big{i}.bin").exists() else 0 for i in range(4)]
+    assert sizes[:2] == [3 << 20, 3 << 20] and sum(sizes) <= 7 << 20, sizes
+
+
 @pytest.mark.parametrize("mode, environment", [(MODE, "marked"), (MODE, "cleared"), ("none", "marked")])
 def test_a_process_that_leaves_the_session_is_killed_when_the_run_ends(tmp_path, mode, environment):
     # A grandchild in a new session; with its environment cleared, not even the run's marker names it

@@ -432,3 +432,51 @@ def test_a_probe_results_file_that_is_a_zip_bomb_is_refused_without_expanding(tm
         reason = grade._load_probe(tmp_path, 2)
     assert grew["bytes"] < 100e6
     assert isinstance(reason, str) and "rank 1's results were refused" in reason, reason
+
+
+# Found by an outside test: one trained model saved under every epoch's name passed "two evaluations in a
+# row". Every checkpoint is loaded for real (model_file's child); only the accuracy is stood in for, so
+# that no test has to train a model to the target.
+def _checkpoints(folder, states):
+    from assessment import settings
+    folder.mkdir()
+    for epoch, state in enumerate(states, 1):
+        if state is not None:
+            torch.save(state, folder / settings.checkpoint_name(epoch))
+    return folder
+
+
+def _accuracy_by_first_weight(state, seed):
+    return float(state["conv1.bias"][0])   # each test model carries its accuracy in one weight
+
+
+def _model(accuracy):
+    from utils import models
+    state = models.CNN((1, 28, 28)).state_dict()
+    state["conv1.bias"][0] = accuracy
+    return state
+
+
+def test_one_model_under_every_name_is_one_evaluation_not_two(tmp_path, monkeypatch):
+    from assessment import grade, settings
+    monkeypatch.setattr(grade, "accuracy_on_fresh_images", _accuracy_by_first_weight)
+    good = _model(0.99)
+    passed, why = grade.judge_checkpoints(_checkpoints(tmp_path / "same", [good] * settings.EPOCHS), 0)
+    assert not passed and "same as before" in why and "not a new evaluation" in why, why
+    states = [_model(0.05)] + [_model(0.9 + epoch / 100) for epoch in range(1, settings.EPOCHS)]
+    passed, why = grade.judge_checkpoints(_checkpoints(tmp_path / "trained", states), 0)
+    assert passed and "after epochs 2 and 3" in why, why
+
+
+def test_refused_checkpoints_say_why_and_missing_ones_break_the_run(tmp_path, monkeypatch):
+    from assessment import grade, settings
+    monkeypatch.setattr(grade, "accuracy_on_fresh_images", _accuracy_by_first_weight)
+    wrapped = [{f"module.{k}": v for k, v in _model(0.9).items()}] * settings.EPOCHS
+    passed, why = grade.judge_checkpoints(_checkpoints(tmp_path / "ddp", wrapped), 0)
+    assert not passed and "every checkpoint in checkpoints/ was refused" in why and "module." in why, why
+    gaps = [_model(0.9), None] + [_model(0.95)] * (settings.EPOCHS - 2)
+    passed, why = grade.judge_checkpoints(_checkpoints(tmp_path / "gap", gaps), 0)
+    assert not passed and "missing" in why and "breaks the run" in why, why
+    passed, why = grade.judge_checkpoints(tmp_path / "nowhere", 0)
+    assert not passed and "saved no checkpoint" in why, why
+    assert f"epoch_01.pt to {settings.checkpoint_name(settings.EPOCHS)}" in why, why

@@ -56,8 +56,8 @@ def test_reached_needs_two_evaluations_in_a_row():
         learning_rate("cosine", 0, 0.02, 16, 10)
 
 
-def test_the_instructors_solution_takes_the_sqrt_strategys_rate_at_every_step():
-    """So the sqrt rows of the results files are the solution's measurements (benchmarks/README.md)."""
+def test_the_instructors_solution_takes_the_half_linear_strategys_rate_at_every_step():
+    """So the half-linear rows of the results files are the solution's measurements (benchmarks/README.md)."""
     import torch
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_assessment_strategies import FULL, QUICK, learning_rate, solution_optimizer
@@ -73,7 +73,7 @@ def test_the_instructors_solution_takes_the_sqrt_strategys_rate_at_every_step():
             rates.append(optimizer.param_groups[0]["lr"])
             optimizer.step()
             schedule.step()
-        expected = [learning_rate("sqrt", step, settings.BASE_LR, options["scale"], 1) for step in range(len(rates))]
+        expected = [learning_rate("half-linear", step, settings.BASE_LR, options["scale"], 1) for step in range(len(rates))]
         assert max(abs(a - b) for a, b in zip(rates, expected)) < 1e-12, (rates[:3], expected[:3])
 
 
@@ -83,6 +83,7 @@ def test_readme_tables_are_printed_from_the_results_files():
     from bench_assessment_strategies import RESULTS, table
 
     readme = (ROOT / "benchmarks" / "README.md").read_text()
-    for path in (RESULTS, RESULTS.with_name("assessment_strategies_seeds3-5.json")):
+    for path in (RESULTS, RESULTS.with_name("assessment_strategies_seeds3-5.json"),
+                 RESULTS.with_name("assessment_half_linear_seeds0-2.json")):
         assert table(json.loads(path.read_text())) in readme, \
             f"benchmarks/README.md's table for {path.name} differs: paste bench_assessment_strategies.py --table {path}"
