@@ -31,6 +31,7 @@ Run with:  torchrun --standalone --nproc-per-node N {name}
 """
 import datetime
 import os
+import time as _time  # named apart: exported code may define its own time
 
 import torch
 import torch.distributed as dist
@@ -58,8 +59,13 @@ if __name__ == "__main__":
     rank, world_size, device = _setup_process_group()
     try:
 {call}
+        dist.barrier()  # no rank tears the group down while another still sends to it
     finally:
         dist.destroy_process_group()
+        # Once DDP has held the group, gloo's threads outlive it, and a collective started inside
+        # backward carries a Python object (pytorch/pytorch#173568): a thread that frees one while the
+        # interpreter shuts down aborts the process (pytorch/pytorch#117762). Let them finish first.
+        _time.sleep(0.2)
 '''
 
 
