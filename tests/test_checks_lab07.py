@@ -76,6 +76,41 @@ def test_critical_batch_mistakes(wrong, message):
     assert message in fails(lab07.check_critical_batch, wrong, Incorrect)
 
 
+def drops_none_from_steps_only(batch_sizes, steps):
+    """Removes the None from the steps but keeps its batch size: the pairs after it shift by one."""
+    kept_steps = [s for s in steps if s is not None]
+    return min(b * s for b, s in zip(batch_sizes, kept_steps)) / min(kept_steps)
+
+
+ANSWERS = {tuple(b): right_critical(b, s) for _, b, s in lab07.CRITICAL_CASES}
+
+
+def typed_in(batch_sizes, steps):
+    """The answers of the check's fixed sweeps, read from its messages and typed in."""
+    return ANSWERS.get(tuple(batch_sizes), next(iter(ANSWERS.values())))
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (drops_none_from_steps_only, "kept its batch size, so every batch size after it was paired with the next"),
+    (typed_in, "is the critical batch of another sweep of this check"),
+], ids=["None dropped from the steps only", "answers typed in"])
+def test_critical_batch_mistakes_found_by_an_outside_review(wrong, message):
+    assert message in fails(lab07.check_critical_batch, wrong, Incorrect)
+
+
+def test_critical_batch_accepts_a_numpy_number():
+    import numpy as np
+    lab07.check_critical_batch(lambda b, s: np.array(right_critical(b, s)))
+
+
+def test_random_sweeps_are_irregular_and_new_at_every_call():
+    import random
+    rng = random.Random(1)
+    sweeps = [lab07.random_sweep(rng) for _ in range(20)]
+    assert len({tuple(b) for b, _ in sweeps}) == 20
+    assert all(s.count(None) == 1 and len(b) == len(s) for b, s in sweeps)
+
+
 def test_critical_batch_sweeps_include_one_whose_largest_batch_is_not_the_fastest():
     assert any(s[max(range(len(b)), key=b.__getitem__)] != min(x for x in s if x is not None)
                for _, b, s in lab07.CRITICAL_CASES)

@@ -3,14 +3,17 @@ compares with the course's reference (``utils.optim``, ``utils.landscape``) or w
 
 The exercises are numbered in the notebook's order: 7.1 the critical batch, 7.2 linear scaling with
 warm-up, 7.3 filter normalisation, 7.4 one LARS step. The inputs are irregular on purpose (batch ratios
-that are not whole numbers, a batch below the base batch, momentum buffers that are not zero, several
-eps, a sweep whose largest batch is not the fastest), and every result is copied before it is compared,
-so that a lazy result cannot change afterwards what the check saw.
+that are not whole numbers, a batch below the base batch, an optimizer whose groups hold other lrs than
+base_lr, momentum buffers that are not zero, several eps, a sweep whose largest batch is not the fastest,
+one sweep drawn at random at each call, a model whose state_dict holds buffers), every result is copied
+before it is compared, so that a lazy result cannot change afterwards what the check saw, and the inputs
+are compared after the call, so that a function that writes into them is caught.
 """
 from __future__ import annotations
 
 import math
 import numbers
+import random
 
 import torch
 from torch import nn
@@ -68,13 +71,39 @@ CRITICAL_CASES = [
 ]
 
 
+def random_sweep(rng: random.Random) -> tuple[list[int], list[int | None]]:
+    """A sweep drawn from McCandlish et al.'s S(B) = S_min (1 + B_crit / B), with noise, shuffled, one run
+    that never got there: new at every call, so that no answer read from a message can be typed in."""
+    s_min, b_crit = rng.randint(200, 2000), rng.randint(20, 3000)
+    batches = rng.sample([2 ** k * m for k in range(2, 13) for m in (1, 3)], 6)
+    steps = [round(s_min * (1 + b_crit / b) * rng.uniform(0.85, 1.15)) for b in batches]
+    steps[rng.randrange(len(steps))] = None
+    return batches, steps
+
+
+def _as_number(got):
+    """A tensor or numpy value holding one number, as a Python number; anything else as it is."""
+    if isinstance(got, torch.Tensor) and got.numel() == 1:
+        return got.item()
+    if type(got).__module__ == "numpy" and getattr(got, "size", 0) == 1:
+        return got.item()
+    return got
+
+
+def _critical(batches, steps) -> float:
+    kept = [(b, s) for b, s in zip(batches, steps) if s is not None]
+    return min(b * s for b, s in kept) / min(s for _, s in kept)
+
+
 def check_critical_batch(critical_batch) -> None:
     with exercise("7.1"):
-        for label, batches, steps in CRITICAL_CASES:
+        cases = CRITICAL_CASES + [("a sweep drawn at random", *random_sweep(random.Random()))]
+        answers = {label: _critical(batches, steps) for label, batches, steps in cases}
+        for label, batches, steps in cases:
             kept = [(b, s) for b, s in zip(batches, steps) if s is not None]
             s_min = min(s for _, s in kept)
             e_min = min(b * s for b, s in kept)
-            want = e_min / s_min
+            want = answers[label]
             try:
                 got = critical_batch(list(batches), list(steps))
             except TypeError as error:
@@ -83,13 +112,21 @@ def check_critical_batch(critical_batch) -> None:
                 raise Incorrect(f"7.1 ({label}, steps {steps}): your code raised TypeError: {error}. A step count "
                                 f"of None is a run that never reached the target: leave it out before taking "
                                 f"any minimum.") from error
-            if isinstance(got, torch.Tensor) and got.numel() == 1:
-                got = got.item()
+            got = _as_number(got)
             expect(isinstance(got, numbers.Real) and not isinstance(got, bool) and math.isfinite(got),
                    f"7.1 ({label}): return the critical batch size as a number, got {got!r}")
             if _close(got, want):
                 continue
             smallest, largest = min(kept), max(kept)
+            others = [other for other, answer in answers.items() if other != label and _close(got, answer)]
+            expect(not others, f"7.1 ({label}): {got:.6g} is the critical batch of another sweep of this check "
+                               f"('{others[0] if others else ''}'): compute it from the sweep your function is given.")
+            if None in steps:
+                shifted = [s for s in steps if s is not None]
+                expect(not _close(got, min(b * s for b, s in zip(batches, shifted)) / s_min),
+                       f"7.1 ({label}, batch sizes {batches}, steps {steps}): you left out the None but kept its "
+                       f"batch size, so every batch size after it was paired with the next run's steps: drop each "
+                       f"run whole (its batch size with its steps).")
             expect(not _close(got, max(b * s for b, s in kept) / s_min),
                    f"7.1 ({label}): E_min is the fewest examples any batch size needs, not the most.")
             expect(not (_close(got, e_min / largest[1]) and largest[1] != s_min),
@@ -111,6 +148,9 @@ def check_critical_batch(critical_batch) -> None:
 # (base_lr, base_batch, batch, warmup_steps): whole and fractional batch ratios, a ratio of 1, and a
 # batch below the base batch (nothing to warm up: the scaled lr from step 0).
 WARMUP_CASES = ((0.1, 64, 1024, 10), (0.03, 48, 200, 7), (0.05, 32, 96, 3), (0.2, 256, 256, 4), (0.1, 64, 24, 5))
+# The lrs the optimizer's two groups hold before the call, per case: base_lr in most, others in one (an
+# optimizer may be built with any lr), so that multiplying the lr found there, or reading base_lr from it, shows.
+FOUND_LRS = {(0.03, 48, 200, 7): (1.0, 0.002)}
 
 
 def _hand_written(scheduler) -> str | None:
