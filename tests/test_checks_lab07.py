@@ -216,6 +216,25 @@ def test_warmup_mistakes(wrong, message):
     assert message in fails(lab07.check_warmup, wrong, Incorrect)
 
 
+def multiplies_the_lr_found(optimizer, base_lr, base_batch, batch, warmup_steps):
+    """Scales the lr the groups hold: right only while they hold base_lr (and compounds when run twice)."""
+    k = batch / base_batch
+    for group in optimizer.param_groups:
+        group["lr"] *= k
+    return torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=min(1.0, 1 / k), total_iters=warmup_steps)
+
+
+def reads_base_lr_from_the_optimizer(optimizer, base_lr, base_batch, batch, warmup_steps):
+    return right_warmup(optimizer, optimizer.param_groups[0]["lr"], base_batch, batch, warmup_steps)
+
+
+@pytest.mark.parametrize("wrong", [multiplies_the_lr_found, reads_base_lr_from_the_optimizer],
+                         ids=["lr found multiplied", "base_lr read from the optimizer"])
+def test_warmup_sets_the_lr_whatever_the_optimizer_held(wrong):
+    assert "do not multiply the lr you find there, nor read base_lr from it" in \
+        fails(lab07.check_warmup, wrong, Incorrect)
+
+
 def test_warmup_cases_hold_fractional_ratios_and_a_batch_below_the_base():
     ratios = [batch / base for _, base, batch, _ in lab07.WARMUP_CASES]
     assert any(r != round(r) for r in ratios) and any(r < 1 for r in ratios)

@@ -169,10 +169,10 @@ def _hand_written(scheduler) -> str | None:
     return None
 
 
-def _learning_rates(scheduler_fn, base_lr, base_batch, batch, warmup_steps, steps) -> tuple[list[list[float]], object]:
+def _learning_rates(scheduler_fn, base_lr, base_batch, batch, warmup_steps, steps, found) -> tuple[list[list[float]], object]:
     param = nn.Parameter(torch.zeros(3))
-    optimizer = torch.optim.SGD([param], lr=base_lr, momentum=0.9)
-    optimizer.add_param_group({"params": [nn.Parameter(torch.zeros(2))], "lr": base_lr})
+    optimizer = torch.optim.SGD([param], lr=found[0], momentum=0.9)
+    optimizer.add_param_group({"params": [nn.Parameter(torch.zeros(2))], "lr": found[1]})
     try:
         scheduler = scheduler_fn(optimizer, base_lr, base_batch, batch, warmup_steps)
     except ValueError as error:
@@ -199,8 +199,9 @@ def check_warmup(linear_scaling_with_warmup) -> None:
             target = base_lr * ratio
             start = min(base_lr, target)
             where = f"base lr {base_lr} at batch {base_batch}, batch {batch}, warm-up {warmup} steps"
+            found = FOUND_LRS.get((base_lr, base_batch, batch, warmup), (base_lr, base_lr))
             rates, scheduler = _learning_rates(linear_scaling_with_warmup, base_lr, base_batch, batch, warmup,
-                                               warmup + 4)
+                                               warmup + 4, found)
             expect(isinstance(scheduler, LRScheduler),
                    f"7.2: return a scheduler from torch.optim.lr_scheduler (got {type(scheduler).__name__}); "
                    f"the training loop calls its step() after every optimizer step.")
@@ -208,6 +209,11 @@ def check_warmup(linear_scaling_with_warmup) -> None:
             expect(reason is None,
                    f"7.2: {reason}: that is a schedule written by hand. The exercise asks for torch's own "
                    f"scheduler whose factor moves in a straight line (no function of the step of yours).")
+            expect(found == (base_lr, base_lr) or not _close(rates[-1][0], found[0] * ratio, 1e-6),
+                   f"7.2 ({where}): the optimizer's groups held lrs {found[0]} and {found[1]} before your call, not "
+                   f"base_lr, and after the warm-up your lr is {rates[-1][0]:.6g}, {found[0]} times the batch ratio. "
+                   f"An optimizer may be built with any lr: set each group's lr to base_lr times the ratio (do not "
+                   f"multiply the lr you find there, nor read base_lr from it).")
             expect(all(len(set(step)) == 1 for step in rates),
                    "7.2: the optimizer's two param groups got different learning rates: set every group's lr.")
             lrs = [step[0] for step in rates]
