@@ -295,6 +295,30 @@ def the_weights(direction, model):
     return [torch.zeros_like(w) if w.dim() <= 1 else w.detach().clone() for w in model.parameters()]
 
 
+def paired_with_state_dict(direction, model):
+    """Pairs the direction with model.state_dict(), whose buffers (BatchNorm's statistics) shift the pairs."""
+    out = []
+    for d, w in zip(direction, model.state_dict().values()):
+        if w.dim() <= 1:
+            out.append(torch.zeros_like(d))
+            continue
+        d_norm, w_norm = d.reshape(d.shape[0], -1).norm(dim=1), w.reshape(w.shape[0], -1).norm(dim=1)
+        out.append(d * (w_norm / d_norm).nan_to_num().reshape(-1, *([1] * (d.dim() - 1))))
+    return out
+
+
+def half_precision(direction, model):
+    return [t.half() for t in landscape.filter_normalize(direction, model)]
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (paired_with_state_dict, "model.state_dict() also holds buffers"),
+    (half_precision, "return tensors of the direction's dtype"),
+], ids=["paired with state_dict", "half precision"])
+def test_filter_normalize_mistakes_found_by_an_outside_review(wrong, message):
+    assert message in fails(lab07.check_filter_normalize, wrong, Incorrect)
+
+
 @pytest.mark.parametrize("wrong, message", [
     (whole_tensor, "you scaled the whole tensor"),
     (keeps_biases, "is 1-D (a bias or a scale)"),

@@ -249,10 +249,12 @@ def check_warmup(linear_scaling_with_warmup) -> None:
 
 
 class _Awkward(nn.Module):
-    """A conv layer, a linear layer with one filter of zeros, a bias and a lone 1-D scale."""
+    """A BatchNorm (1-D parameters, and buffers that model.state_dict() holds but model.parameters() does
+    not), a conv layer, a linear layer with one filter of zeros, a bias and a lone 1-D scale."""
 
     def __init__(self):
         super().__init__()
+        self.norm = nn.BatchNorm2d(2)
         self.conv = nn.Conv2d(2, 3, 3)
         self.fc = nn.Linear(5, 4, bias=False)
         self.scale = nn.Parameter(torch.tensor([2.0, -1.0]))
@@ -272,7 +274,8 @@ def check_filter_normalize(filter_normalize) -> None:
         torch.manual_seed(3)
         model = _Awkward()
         direction = landscape.random_direction(model, seed=5)
-        direction[1][0] = 0.0                               # a filter of zeros in the direction too
+        conv = [name for name, _ in model.named_parameters()].index("conv.weight")
+        direction[conv][0] = 0.0                            # a filter of zeros in the direction too
         before = [d.clone() for d in direction]
         weights = [w.detach().clone() for w in model.parameters()]
         want = landscape.filter_normalize(before, model)
@@ -291,6 +294,9 @@ def check_filter_normalize(filter_normalize) -> None:
                "7.3: your function changed the model's weights: read them (w.detach()), do not write them.")
         expect(len(got) == len(want) and all(tuple(a.shape) == tuple(b.shape) for a, b in zip(got, want)),
                "7.3: return one tensor per model.parameters(), each of its parameter's shape.")
+        expect(all(a.dtype == b.dtype for a, b in zip(got, want)),
+               f"7.3: return tensors of the direction's dtype ({want[0].dtype}); yours are "
+               f"{sorted({str(a.dtype) for a in got})}.")
         names = [name for name, _ in model.named_parameters()]
         for name, a, b, w in zip(names, got, want, weights):
             expect(bool(torch.isfinite(a).all()), f"7.3: {name}'s direction has nan or inf: a filter whose "
@@ -305,6 +311,10 @@ def check_filter_normalize(filter_normalize) -> None:
             want_norms = b.reshape(b.shape[0], -1).norm(dim=1)
             if not torch.allclose(got_norms, want_norms, rtol=1e-5, atol=1e-7):
                 whole = math.isclose(a.norm().item(), w.norm().item(), rel_tol=1e-4)
+                expect(bool(a.any()), f"7.3: {name}'s direction is all zeros, though its weights and the given "
+                                      f"direction are not. Pair each direction tensor with the parameter in the same "
+                                      f"place of model.parameters(): model.state_dict() also holds buffers (here "
+                                      f"BatchNorm's running statistics), which shift every pair after them.")
                 expect(False, f"7.3: {name}'s filters have norms {got_norms.tolist()}, the weights' filters "
                               f"{want_norms.tolist()}"
                               + (": you scaled the whole tensor, not each filter (one row of a Linear weight, "
