@@ -383,6 +383,44 @@ def test_lars_mistakes(wrong, message):
     assert message in fails(lab07.check_lars_step, wrong, Incorrect)
 
 
+def lars_variant(local_lr=None, dampened=False, lr_in_buffer=True, writes=None, dtype=None, row_norms=False):
+    """A LARS step with one mistake: ``local_lr(trust ratio, w_norm, ratio's norm of the sum)`` replaces the
+    local lr; ``writes`` names the argument it updates in place."""
+    def learner(w, g, v, lr, momentum, weight_decay, trust_coefficient, eps):
+        norm = (lambda t: t.norm(dim=-1, keepdim=True)) if row_norms else torch.linalg.vector_norm
+        w_norm, g_norm = norm(w), norm(g)
+        local = trust_coefficient * w_norm / (g_norm + weight_decay * w_norm + eps)
+        if local_lr:
+            local = local_lr(local, w_norm, norm(g + weight_decay * w), trust_coefficient, eps)
+        step = (g + weight_decay * w) * local * (lr if lr_in_buffer else 1) * ((1 - momentum) if dampened else 1)
+        if writes == "g":
+            g.add_(w, alpha=weight_decay)
+        if writes == "v":
+            new_v = v.mul_(momentum).add_(step)
+        else:
+            new_v = momentum * v + step
+        new_w = w.sub_(new_v) if writes == "w" else w - (new_v if lr_in_buffer else lr * new_v)
+        return (new_w.float(), new_v.float()) if dtype else (new_w, new_v)
+    return learner
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lars_variant(lr_in_buffer=False), "without the global lr"),
+    (lars_variant(dampened=True), "a dampened average"),
+    (lars_variant(local_lr=lambda local, *_: local.clamp(max=1.0)), "you capped it at 1"),
+    (lars_variant(local_lr=lambda local, w_norm, sum_norm, tc, eps: tc * w_norm / (sum_norm + eps)),
+     "divides by the norm of the update direction"),
+    (lars_variant(row_norms=True), "not of each row"),
+    (lars_variant(writes="g"), "changed its argument g in place"),
+    (lars_variant(writes="v"), "changed its argument v in place"),
+    (lars_variant(writes="w"), "changed its argument w in place"),
+    (lars_variant(dtype=torch.float32), "return tensors of w's dtype"),
+], ids=["lr outside the buffer", "dampened momentum", "local lr capped at 1", "norm of the sum in the ratio",
+        "norms per row", "g written in place", "v written in place", "w written in place", "float32"])
+def test_lars_mistakes_found_by_an_outside_review(wrong, message):
+    assert message in fails(lab07.check_lars_step, wrong, Incorrect)
+
+
 def test_lars_zero_norm_without_fallback():
     def no_fallback(w, g, v, lr, momentum, weight_decay, trust_coefficient, eps):
         w_norm, g_norm = torch.linalg.vector_norm(w), torch.linalg.vector_norm(g)

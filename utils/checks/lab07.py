@@ -384,8 +384,25 @@ def _diagnose_lars(label, w, g, v, got_v, want_v, lr, momentum, weight_decay, tr
         if weight_decay and _fit(got_v - momentum * v, g)[1] <= tol:
             return (f"{differs}: your step follows the gradient alone; with weight decay the update direction "
                     f"is the gradient plus the weight-decay term ({weight_decay} times w).")
-        return f"{differs}: it is not the old buffer times the momentum plus a multiple of the update direction."
+        return (f"{differs}: it is not the old buffer times the momentum plus one multiple of the update direction"
+                + (" (the local lr is one number for the whole tensor: the norms of all of w and all of g, not of "
+                   "each row)." if w.dim() > 1 else "."))
     local, want = step / lr, trust_coefficient * w_norm / (g_norm + weight_decay * w_norm + eps)
+    if _close(local * lr, want, 1e-6):
+        return (f"{differs}: your buffer takes the local lr times the update direction, without the global lr "
+                f"({lr}); in You et al.'s algorithm 1 the buffer takes lr times the local lr times the direction, "
+                f"and w moves by the buffer alone.")
+    if momentum and _close(local, (1 - momentum) * want, 1e-6):
+        return (f"{differs}: your buffer takes (1 - momentum) times the step, a dampened average; LARS's heavy-ball "
+                f"momentum adds the whole step.")
+    if _close(local, min(want, 1.0), 1e-6):
+        return (f"{differs}: your local lr is {local:.9g}, LARS's {want:.9g}: you capped it at 1 (LARC's clipping); "
+                f"LARS's local lr is the trust ratio itself.")
+    sum_norm = torch.linalg.vector_norm(direction).item()
+    if weight_decay and _close(local, trust_coefficient * w_norm / (sum_norm + eps), 1e-6):
+        return (f"{differs}: your local lr is {local:.9g}, LARS's {want:.9g}: your ratio divides by the norm of the "
+                f"update direction, ||g + weight_decay w||; You et al. divide by the sum of the two norms, "
+                f"||g|| + weight_decay ||w||.")
     if weight_decay and _close(local, trust_coefficient * w_norm / (g_norm + eps), 1e-6):
         return (f"{differs}: your local lr is {local:.9g}, LARS's {want:.9g}. Weight decay is missing from the "
                 f"trust ratio's denominator: You et al. bound the norm of the whole update direction, weight-decay "
@@ -407,9 +424,18 @@ def check_lars_step(lars_step) -> None:
     with exercise("7.4"):
         for label, w, g, v, settings in lars_cases():
             want_w, want_v = _reference_lars(w, g, v, **settings)
-            got = lars_step(w.clone(), g.clone(), v.clone(), **settings)
+            given = {"w": w.clone(), "g": g.clone(), "v": v.clone()}
+            got = lars_step(*given.values(), **settings)
             expect(isinstance(got, tuple) and len(got) == 2, f"7.4: return (new_w, new_v), got {type(got).__name__}")
-            got_w, got_v = (torch.as_tensor(t, dtype=torch.float64).detach().clone() for t in got)
+            got_w, got_v = (torch.as_tensor(t).detach().clone() for t in got)   # read once, kept as they are now
+            for name, before in (("w", w), ("g", g), ("v", v)):
+                expect(torch.equal(given[name], before),
+                       f"7.4 ({label}): your step changed its argument {name} in place; return new tensors and leave "
+                       f"w, g and v as they were (an optimizer keeps g in p.grad, and the caller decides what "
+                       f"becomes of w and v).")
+            expect(got_w.dtype == w.dtype and got_v.dtype == w.dtype,
+                   f"7.4 ({label}): return tensors of w's dtype ({w.dtype}); yours are {got_w.dtype} and "
+                   f"{got_v.dtype} (a tensor built with a fixed dtype, or .float(), lowers the precision).")
             expect(tuple(got_w.shape) == tuple(w.shape) and tuple(got_v.shape) == tuple(w.shape),
                    f"7.4 ({label}): new w and new v have the shape of w, {tuple(w.shape)}; got "
                    f"{tuple(got_w.shape)} and {tuple(got_v.shape)}.")
