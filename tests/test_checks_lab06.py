@@ -178,12 +178,23 @@ BUCKET_MISTAKES = {
     "the last bucket dropped": ([(RETURN, "return buckets")], "every gradient goes into exactly one bucket"),
     "sizes as floats": ([(RETURN, "return [float(b) for b in buckets + ([size] if size else [])]")],
                         "whole numbers of bytes"),
+    # found by an outside review: each passed the check (most on 3 of 4 runs, through its random case)
+    "cap rounded up to whole MiB": ([("int(bucket_cap_mb * 2 ** 20)", "math.ceil(bucket_cap_mb) * 2 ** 20"),
+                                     ("    if bucket_cap_mb is None:", "    import math\n    if bucket_cap_mb is None:")],
+                                    "your limit looks rounded up to a whole number of MiB"),
+    "default: 1 MiB for every bucket": ([(DEFAULT, "limits = (2 ** 20, 2 ** 20)")],
+                                        "your later buckets are closed at 1 MiB too"),
+    "the small limit for the second bucket too": ([("limits[min(len(buckets), 1)]", "limits[min(len(buckets) // 2, 1)]")],
+                                                  "your second bucket was also closed at the first bucket's limit"),
+    "the sizes reversed in place": ([("    for nbytes in reversed(param_bytes):", "    param_bytes.reverse()\n"
+                                      "    for nbytes in param_bytes:")],
+                                    "your function changed the list of sizes it was given"),
 }
 
 
 def test_the_rule_is_what_a_real_ddp_records():
     # The check's own reading of torch (_rule) names mistakes only; still, it must be what DDP does.
-    cases = lab06.BUCKET_CASES + [lab06._random_case(random.Random(seed)) for seed in range(8)]
+    cases = lab06.BUCKET_CASES + [lab06._random_case(random.Random(seed), seed % 2 == 0) for seed in range(8)]
     for _, sizes, cap in cases:
         assert lab06._rule(sizes, cap) == lab06.recorded_buckets(sizes, cap), (sizes, cap)
     MiB = 2 ** 20    # the measurement: 12 parameters of 1 MiB
@@ -232,6 +243,48 @@ def test_answers_written_in_for_the_fixed_cases_fail_on_random_sizes():
                          ids=["recorded_buckets", "_recorded", "_rule"])
 def test_asking_the_checks_own_code_fails(answer):
     assert "asked the check's own code for the answer" in fails(lab06.check_buckets, answer, Incorrect)
+
+
+def past_the_cache(sizes, bucket_cap_mb=None):
+    return list(lab06._recorded.__wrapped__(tuple(sizes), bucket_cap_mb))
+
+
+def from_the_checks_parts(sizes, bucket_cap_mb=None):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    ddp = DistributedDataParallel(lab06._SizedParameters(sizes), process_group=lab06._private_group(),
+                                  bucket_cap_mb=bucket_cap_mb)
+    return [sum(p.numel() * 4 for p in ddp.parameters())]
+
+
+def judge_replaced(sizes, bucket_cap_mb=None):
+    lab06._judge = lambda *args, **kwargs: None
+    return [sum(sizes)]
+
+
+def own_ddp(sizes, bucket_cap_mb=None):
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    store = dist.HashStore()
+    group = dist.ProcessGroup(store, 0, 1)
+    group._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+    group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, dist.ProcessGroupGloo(store, 0, 1))
+    DistributedDataParallel(torch.nn.Linear(2, 2), process_group=group, bucket_cap_mb=bucket_cap_mb)
+    return [sum(sizes)]
+
+
+@pytest.mark.parametrize("answer, message", [
+    (past_the_cache, "asked the check's own code for the answer"),
+    (from_the_checks_parts, "asked the check's own code for the answer"),
+    (judge_replaced, "changed the check's own code (_judge)"),
+    (own_ddp, "built a DistributedDataParallel to read its buckets")], ids=lambda x: getattr(x, "__name__", ""))
+def test_reading_or_changing_the_check_or_building_a_ddp_fails(answer, message):
+    judge = lab06._judge
+    assert message in fails(lab06.check_buckets, answer, Incorrect)
+    assert lab06._judge is judge    # put back, so the next check in the kernel is the real one
 
 
 def test_bucket_stub_is_not_solved():

@@ -17,7 +17,9 @@ Each typical mistake gets its own message.
 hook on a one-rank gloo group of its own), on fixed cases that tell the typical misreadings of torch's
 rule apart (MB for MiB, a default cap for an explicit one, the first bucket's limit, ``>`` for ``>=``,
 the order of the parameters and of the buckets, a cap rounded to whole MiB), each with its own message,
-then on random sizes, which answers written in for the fixed cases do not pass.
+then on random sizes (one case with the default cap, one with a cap given), which answers written in for
+the fixed cases do not pass. A function that asks the check's own code, builds a DDP, changes the
+check's module or the list it is given fails with its own message.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import json
 import math
 import random
 import re
+import sys
 import tempfile
 from pathlib import Path
 
@@ -489,6 +492,7 @@ def _private_group():
     import torch.distributed as dist
 
     global _GROUP
+    _OWN_CALLS[0] += 1
     if _GROUP is None:
         store = dist.HashStore()
         group = dist.ProcessGroup(store, 0, 1)
@@ -500,6 +504,7 @@ def _private_group():
 
 
 _GROUP = None
+_THIS_MODULE = sys.modules[__name__]
 
 
 class _SizedParameters(torch.nn.Module):
@@ -507,6 +512,7 @@ class _SizedParameters(torch.nn.Module):
     (as the layers of a network are), so backward produces their gradients last to first."""
 
     def __init__(self, param_bytes):
+        _OWN_CALLS[0] += 1
         super().__init__()
         self.weights = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(n // 4)) for n in param_bytes)
 
@@ -531,6 +537,7 @@ def recorded_buckets(param_bytes, bucket_cap_mb=None) -> list[int]:
 def _recorded(param_bytes: tuple, bucket_cap_mb) -> tuple:
     from torch.nn.parallel import DistributedDataParallel
 
+    _OWN_CALLS[0] += 1        # also counts a call that goes past the cache (_recorded.__wrapped__)
     if any(n <= 0 or n % 4 for n in param_bytes):
         raise ValueError(f"sizes must be positive multiples of 4 bytes (float32): {param_bytes}")
     torch.manual_seed(0)
@@ -553,18 +560,19 @@ def _recorded(param_bytes: tuple, bucket_cap_mb) -> tuple:
 
 
 def _rule(param_bytes, bucket_cap_mb=None, *, unit=MiB, first="cap", order="backward", close="at least",
-          whole_mib=False, listed="in order"):
+          whole_mib=None, listed="in order", small_buckets=1, later_default=25):
     """Buckets by the rule torch applies, or by a typical misreading of it (the keywords), used only to
     name a wrong answer's mistake; what is right is what ``recorded_buckets`` records."""
-    _RULE_CALLS[0] += 1
+    _OWN_CALLS[0] += 1
     if bucket_cap_mb is None:
-        limits = ((25 if first == "25 MiB" else 1) * unit, 25 * unit)
+        limits = ((25 if first == "25 MiB" else 1) * unit, later_default * unit)
     else:
-        cap = int((int(bucket_cap_mb) if whole_mib else bucket_cap_mb) * unit)
+        cap = int(({"down": math.floor, "up": math.ceil}[whole_mib](bucket_cap_mb) if whole_mib else bucket_cap_mb)
+                  * unit)
         limits = ({"cap": cap, "1 MiB": unit, "min": min(unit, cap), "25 MiB": cap}[first], cap)
     buckets, size = [], 0
     for nbytes in (reversed(param_bytes) if order == "backward" else param_bytes):
-        limit = limits[min(len(buckets), 1)]
+        limit = limits[0 if len(buckets) < small_buckets else 1]
         if close == "before overflow" and size and size + nbytes > limit:
             buckets.append(size)
             size = 0
@@ -576,13 +584,14 @@ def _rule(param_bytes, bucket_cap_mb=None, *, unit=MiB, first="cap", order="back
     return buckets[::-1] if listed == "reversed" else buckets
 
 
-_RULE_CALLS = [0]
+_OWN_CALLS = [0]
 
 
 def _own_calls() -> tuple:
-    """How often the check's own answers have been asked for: DDP's recording, and its reading of the rule."""
+    """How often the check's own answers have been asked for: DDP's recording (through its cache or past it,
+    or built from its parts), and its reading of the rule."""
     info = _recorded.cache_info()
-    return info.hits + info.misses, _RULE_CALLS[0]
+    return info.hits + info.misses, _OWN_CALLS[0]
 
 
 # Each typical mistake: how it reads the rule, and what is wrong with it, in words.
@@ -615,9 +624,19 @@ BUCKET_MISTAKES = [
     ("listed last bucket first", dict(listed="reversed"),
      "your buckets are DDP's, listed last to first: return them in the order DDP all-reduces them, the "
      "bucket of the last parameters first."),
-    ("cap rounded to whole MiB", dict(whole_mib=True),
+    ("cap rounded to whole MiB", dict(whole_mib="down"),
      "your limit looks rounded to a whole number of MiB: bucket_cap_mb may be a fraction (0.5 MiB is "
      "524,288 bytes), and DDP converts it to bytes before rounding."),
+    ("cap rounded up to whole MiB", dict(whole_mib="up"),
+     "your limit looks rounded up to a whole number of MiB: bucket_cap_mb may be a fraction (0.5 MiB is "
+     "524,288 bytes), and DDP converts it to bytes before rounding (down, with int())."),
+    ("default: 1 MiB for every bucket", dict(later_default=1),
+     "with bucket_cap_mb left at its default, your later buckets are closed at 1 MiB too. Only the first "
+     "bucket has the small limit (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES); every bucket after it has "
+     "the default cap, 25 MiB (_DEFAULT_BUCKET_CAP_MB)."),
+    ("the small limit for the second bucket too", dict(small_buckets=2),
+     "your second bucket was also closed at the first bucket's limit of 1 MiB. Only the first bucket DDP "
+     "fills has the small limit; from the second on, the limit is the cap, 25 MiB by default."),
 ]
 
 # Sizes in bytes, in model.parameters() order (float32, so multiples of 4), and bucket_cap_mb
@@ -636,30 +655,55 @@ BUCKET_CASES = [
     ("bucket_cap_mb=0.5, small gradients", [4 * 40_000, 4 * 60_000, 4 * 50_000, 4 * 70_000, 4 * 30_000], 0.5),
     # A gradient larger than the cap goes into the bucket that it overflows.
     ("bucket_cap_mb=2, a gradient larger than the cap", [4 * 20_000, 3 * MiB, 4 * 300_000, MiB, 4 * 200_000], 2),
+    # Default cap, 3 MB after a first bucket of exactly 1 MiB: one bucket of 25 MiB's limit holds it all; 1 MiB
+    # limits after the first would close it at 1.2 MB.
+    ("default cap, 3 MB after the first bucket", [600_000] * 5 + [MiB], None),
 ]
-RANDOM_CAPS = [None, None, 0.25, 0.5, 0.75, 1, 1.5, 2]   # multiples of 1/8 MiB: whole bytes
+RANDOM_CAPS = [0.25, 0.5, 0.75, 1, 1.5, 2]   # multiples of 1/8 MiB: whole bytes
 
 
-def _random_case(rng: random.Random):
+def _random_case(rng: random.Random, default: bool):
+    """Random sizes, with the default cap (gradients up to 8 MB, so later buckets reach 25 MiB) or a cap drawn."""
     n = rng.randint(4, 9)
-    sizes = [4 * rng.randint(1_000, 400_000) for _ in range(n)]
-    return "random sizes", sizes, rng.choice(RANDOM_CAPS)
+    largest = 2_000_000 if default else 400_000
+    sizes = [4 * rng.randint(1_000, largest) for _ in range(n)]
+    return "random sizes", sizes, None if default else rng.choice(RANDOM_CAPS)
 
 
 def _answer(ddp_bucket_bytes, sizes, cap) -> list[int]:
     """The learner's buckets for one case, checked for their form."""
-    before = _own_calls()
+    from torch.nn.parallel import DistributedDataParallel
+
+    before, own_code = _own_calls(), dict(vars(_THIS_MODULE))
+    given, built, ddp_init = list(sizes), [], DistributedDataParallel.__init__
+
+    def counted_init(self, *args, **kwargs):   # a DDP built to read its buckets answers nothing of the rule
+        built.append(1)
+        return ddp_init(self, *args, **kwargs)
+
+    DistributedDataParallel.__init__ = counted_init
     try:
-        got = ddp_bucket_bytes(list(sizes), bucket_cap_mb=cap)
+        got = ddp_bucket_bytes(given, bucket_cap_mb=cap)
     except TypeError as error:
         if cap is None:
             raise Incorrect(f"6.2: called with bucket_cap_mb=None, your function raised TypeError: {error}. "
                             f"None means the cap was left at DDP's default (as in DistributedDataParallel's "
                             f"own signature), whose buckets differ from any cap given explicitly.") from error
         raise
+    finally:
+        DistributedDataParallel.__init__ = ddp_init
+        changed = sorted(name for name, value in vars(_THIS_MODULE).items() if own_code.get(name) is not value)
+        vars(_THIS_MODULE).update(own_code)                  # the check's code as it was, whatever happened
     expect(_own_calls() == before, "6.2: your function asked the check's own code for the answer (its "
                                    "recording of DDP's buckets, or its reading of the rule): compute the "
                                    "buckets from the sizes and the rule in the text.")
+    expect(not changed, f"6.2: your function changed the check's own code ({', '.join(changed)}): compute the "
+                        f"buckets from the sizes and the rule in the text.")
+    expect(not built, "6.2: your function built a DistributedDataParallel to read its buckets: predict them "
+                      "from the sizes and the rule in the text, as you would for a model too large to try.")
+    expect(given == list(sizes), f"6.2: your function changed the list of sizes it was given (to {given}); the "
+                                 f"caller's list is the model's parameters, in order, and the lab passes the same "
+                                 f"list again: read it from its end (reversed(param_bytes)) without changing it.")
     expect(isinstance(got, (list, tuple)) and all(isinstance(n, int) and not isinstance(n, bool) for n in got),
            f"6.2: return a list of whole numbers of bytes, one per bucket; got {got!r}")
     return list(got)
@@ -691,16 +735,17 @@ def _judge(cases, answers, otherwise: str = "") -> None:
 
 def check_buckets(ddp_bucket_bytes) -> None:
     """Exercise 6.2: bucket sizes against the buckets of a real DistributedDataParallel (a comm hook
-    records them), on fixed cases that tell the typical mistakes apart, then on a random one."""
+    records them), on fixed cases that tell the typical mistakes apart, then on two random ones."""
     with exercise("6.2"):
         answers = [_answer(ddp_bucket_bytes, sizes, cap) for _, sizes, cap in BUCKET_CASES]
         _judge(BUCKET_CASES, answers)
-        label, sizes, cap = _random_case(random.Random())
-        got = _answer(ddp_bucket_bytes, sizes, cap)
-        want = recorded_buckets(sizes, cap)
-        _judge([(label, sizes, cap)], [got],
-               " Your answers were DDP's on every fixed case but not on these random sizes: answers written "
-               "in for the fixed cases, rather than computed from the sizes and the cap, fail here.")
+        rng = random.Random()
+        randoms = [_random_case(rng, default) for default in (True, False)]
+        for label, sizes, cap in randoms:
+            _judge([(label, sizes, cap)], [_answer(ddp_bucket_bytes, sizes, cap)],
+                   " Your answers were DDP's on every fixed case but not on these random sizes: answers written "
+                   "in for the fixed cases, rather than computed from the sizes and the cap, fail here.")
         print(f"  checked against the buckets of a real DistributedDataParallel (recorded by a comm hook) on "
-              f"{len(BUCKET_CASES)} fixed cases and one random one ({len(sizes)} gradients, "
-              f"bucket_cap_mb={cap}: {len(want)} bucket(s))")
+              f"{len(BUCKET_CASES)} fixed cases and two random ones ("
+              + "; ".join(f"{len(sizes)} gradients, bucket_cap_mb={cap}: {len(recorded_buckets(sizes, cap))} bucket(s)"
+                          for _, sizes, cap in randoms) + ")")
