@@ -178,7 +178,8 @@ def test_paired_difference_says_when_every_seed_agrees():
     agree = paired_difference([0.59, 0.60, 0.58], [0.46, 0.43, 0.47], fmt=".1%")
     assert agree["consistent"] and agree["mean"] == pytest.approx(-0.1367, abs=1e-4)
     assert agree["low"] == pytest.approx(-0.17) and agree["high"] == pytest.approx(-0.11)
-    assert agree["text"] == "-13.7% (-17.0% to -11.0%), the same sign on every one of 3 seeds"
+    assert agree["text"] == ("-13.7% (-17.0% to -11.0%), the same sign on every one of 3 seeds "
+                             "(1 chance in 4 if there were no difference)")
     split = paired_difference([1.0, 1.0], [1.2, 0.9])
     assert not split["consistent"] and "disagree on the sign, within the noise" in split["text"]
     assert not paired_difference([1.0, 1.0], [1.0, 1.5])["consistent"]      # a zero difference is no sign

@@ -258,9 +258,11 @@ def paired_difference(a, b, *, fmt: str = ".3g") -> dict:
 
     Pairing by seed removes what the two share (the start, the order of the batches). ``consistent``
     is True when there are at least two seeds and every difference has the same sign (none is zero);
-    otherwise the sign of the mean is within the seed-to-seed noise. Returns ``{"mean", "low",
+    otherwise the sign of the mean is within the seed-to-seed noise. The text gives the chance that every
+    seed agrees when there is no difference at all (2 ** (1 - n) for n seeds: 1 in 4 for 3), so that three
+    agreeing seeds are read as the weak evidence they are. Returns ``{"mean", "low",
     "high", "differences", "consistent", "text"}``; ``text`` reads e.g. "+0.12 (+0.1 to +0.15),
-    the same sign on every one of 3 seeds" with the numbers formatted by ``fmt`` (a sign is added).
+    the same sign on every one of 3 seeds (1 chance in 4 ...)" with the numbers formatted by ``fmt`` (a sign is added).
     """
     a, b = [float(v) for v in a], [float(v) for v in b]
     if not a or len(a) != len(b):
@@ -275,7 +277,9 @@ def paired_difference(a, b, *, fmt: str = ".3g") -> dict:
     if len(differences) == 1:
         text = f"{show(mean)} on one seed only: not evidence either way"
     elif consistent:
-        text = f"{show(mean)} ({show(low)} to {show(high)}), the same sign on every one of {len(differences)} seeds"
+        # A sign test: with no real difference, n seeds all agree on the sign with probability 2 ** (1 - n).
+        text = (f"{show(mean)} ({show(low)} to {show(high)}), the same sign on every one of {len(differences)} seeds "
+                f"(1 chance in {2 ** (len(differences) - 1)} if there were no difference)")
     else:
         text = f"{show(mean)} ({show(low)} to {show(high)}): the seeds disagree on the sign, within the noise"
     return dict(mean=mean, low=low, high=high, differences=differences, consistent=consistent, text=text)
