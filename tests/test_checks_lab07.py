@@ -169,6 +169,42 @@ def own_class_warmup(optimizer, base_lr, base_batch, batch, warmup_steps):
     return OwnLinear(optimizer, start_factor=min(1.0, base_lr / target), total_iters=warmup_steps)
 
 
+class DisguisedLinear(torch.optim.lr_scheduler.LinearLR):
+    """A class of the learner's own that claims torch's module as its own."""
+
+
+DisguisedLinear.__module__ = "torch.optim.lr_scheduler"
+
+
+def disguised_class_warmup(optimizer, base_lr, base_batch, batch, warmup_steps):
+    scheduler = right_warmup(optimizer, base_lr, base_batch, batch, warmup_steps)
+    scheduler.__class__ = DisguisedLinear
+    return scheduler
+
+
+def replaced_get_lr_warmup(optimizer, base_lr, base_batch, batch, warmup_steps):
+    """torch's LinearLR, its get_lr swapped on the instance for a hand-written schedule."""
+    target = base_lr * batch / base_batch
+    for group in optimizer.param_groups:
+        group["lr"] = target
+    scheduler = torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)
+    start = min(1.0, base_lr / target)
+    scheduler.get_lr = lambda: [target * (start + (1 - start) * min(scheduler.last_epoch, warmup_steps) / warmup_steps)
+                                for _ in optimizer.param_groups]
+    scheduler._get_closed_form_lr = scheduler.get_lr
+    for group in optimizer.param_groups:
+        group["lr"] = target * start
+    return scheduler
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (disguised_class_warmup, "DisguisedLinear is a scheduler class of your own"),
+    (replaced_get_lr_warmup, "is a function of yours (set on the scheduler)"),
+], ids=["own class in torch's module", "get_lr replaced on the instance"])
+def test_warmup_hand_written_schedules_in_disguise(wrong, message):
+    assert message in fails(lab07.check_warmup, wrong, Incorrect)
+
+
 def sequential_warmup(optimizer, base_lr, base_batch, batch, warmup_steps):
     """Torch's own schedulers composed: allowed."""
     sched = torch.optim.lr_scheduler

@@ -164,8 +164,11 @@ def _hand_written(scheduler) -> str | None:
     kind = type(scheduler)
     if kind in (lr_scheduler.LambdaLR, lr_scheduler.MultiplicativeLR):
         return f"{kind.__name__} runs a function you wrote"
-    if kind.__module__ != lr_scheduler.__name__:
+    if getattr(lr_scheduler, kind.__name__, None) is not kind:     # a class of the learner's, whatever its module says
         return f"{kind.__name__} is a scheduler class of your own"
+    replaced = sorted({"get_lr", "_get_closed_form_lr", "step"} & set(vars(scheduler)))
+    if replaced:
+        return f"the scheduler's {', '.join(replaced)} is a function of yours (set on the scheduler)"
     return None
 
 
