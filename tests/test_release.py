@@ -18,9 +18,14 @@ def test_solution_becomes_stub_with_hint_and_indentation():
     assert learner == "def f(x):\n    raise NotImplementedError('Hint: square it')\n\nprint(f)"
 
 
-def test_a_long_hint_is_wrapped_to_the_notebooks_width_and_says_the_same():
-    hint = ("the four calls of a step are named in the text above; which must come first, and why does "
-            "the order of the other three matter for what the optimizer reads? (torch.optim.Optimizer)")
+@pytest.mark.parametrize("hint", [
+    "the four calls of a step are named in the text above; which must come first, and why does "
+    "the order of the other three matter for what the optimizer reads? (torch.optim.Optimizer)",
+    # both kinds of quote: repr escapes one of them, and the escapes count towards the width
+    "the model's \"own memory\" is what the 'average' must be written back into; which of MPI's calls "
+    "writes its result over its input's buffer, and how does mpi4py's \"buffer\" reach a tensor's 'data'?",
+], ids=["plain", "both-quotes"])
+def test_a_long_hint_is_wrapped_to_the_notebooks_width_and_says_the_same(hint):
     source = f"def step(model):\n    # Hint: {hint}\n    ### BEGIN SOLUTION\n    pass\n    ### END SOLUTION\n"
     learner = release.learner_source(source)
     assert max(len(line) for line in learner.splitlines()) <= release.STUB_WIDTH, learner

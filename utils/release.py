@@ -21,7 +21,6 @@ import argparse
 import re
 import shutil
 import tempfile
-import textwrap
 from pathlib import Path
 
 import nbformat
@@ -69,9 +68,17 @@ def _code_stub(begin_line: str, lines_before: list[str]) -> list[str]:
     if len(line) <= STUB_WIDTH:
         return [line]
     # Wrapped to the notebook's width (no horizontal scrollbar), as adjacent strings Python joins.
-    width = STUB_WIDTH - len(indent) - 4 - 3  # the indent, the quotes and a trailing space
-    pieces = textwrap.wrap(message, width, break_long_words=False, break_on_hyphens=False)
-    strings = [repr(piece + " ") for piece in pieces[:-1]] + [repr(pieces[-1])]
+    # Measured as written, quotes and escapes included: a hint holding both kinds of quote gets backslashes.
+    room = STUB_WIDTH - len(indent) - 4
+    words = message.split(" ")
+    strings, piece = [], words[0]
+    for word in words[1:]:
+        if len(repr(f"{piece} {word} ")) <= room:
+            piece = f"{piece} {word}"
+        else:
+            strings.append(repr(piece + " "))
+            piece = word
+    strings.append(repr(piece))
     return ([f"{indent}raise NotImplementedError("] + [f"{indent}    {text}" for text in strings]
             + [f"{indent})"])
 
