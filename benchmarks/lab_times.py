@@ -7,7 +7,8 @@
 
 Each notebook runs headless in a fresh process (python -m utils.course). The minutes go to
 benchmarks/results/lab_times.json with the machine's description, and the table between the
-course-map markers in README.md is rewritten from that file (tests check they agree).
+course-map markers in README.md is rewritten from that file (tests check they agree). A full-mode run
+also records the figures the lab's deck shows (benchmarks/lab_figures.py).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import lab_figures  # noqa: E402
 import machine  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "lab_times.json"
@@ -31,14 +33,21 @@ BEGIN, END = "<!-- course-map:begin -->", "<!-- course-map:end -->"
 
 
 def time_notebook(path: Path, quick: bool) -> float:
+    """Seconds the notebook takes headless; a full-mode run also records the figures its deck shows."""
     with tempfile.TemporaryDirectory() as out:
         command = [sys.executable, "-m", "utils.course", "--no-html", "--out", out, str(path)]
         env = dict(os.environ, COURSE_QUICK="1" if quick else "0")
         start = time.perf_counter()
         result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
         seconds = time.perf_counter() - start
-    if result.returncode != 0:
-        raise SystemExit(f"{path.name} failed in {'quick' if quick else 'full'} mode:\n{result.stderr}")
+        if result.returncode != 0:
+            raise SystemExit(f"{path.name} failed in {'quick' if quick else 'full'} mode:\n{result.stderr}")
+        if not quick:
+            import nbformat
+
+            executed = nbformat.read(Path(out) / f"{path.stem}.ipynb", as_version=4)
+            for figure in lab_figures.record(executed, path.name, machine.one_line(), time.strftime("%Y-%m-%d")):
+                print(f"{path.name}: recorded {figure.relative_to(ROOT)}", flush=True)
     return seconds
 
 

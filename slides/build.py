@@ -8,7 +8,8 @@ starting `Note:` is that slide's speaker notes; `slides/rules.py` says what a de
 agenda, timed notes on every slide, no solution code on an exercise slide) and the build refuses one
 that breaks a rule. `{{name}}` puts in a number recorded in benchmarks/results/ (`slides/values.py`).
 Figures are drawn here by `utils.plotting` from the recorded runs (the machine named on each), or as
-diagrams by `slides/diagrams.py`, into build/slides/figures/. reveal.js and KaTeX come from their npm
+diagrams by `slides/diagrams.py`, into build/slides/figures/; a lab's own figures are the images its
+full-mode run drew (`figures/labNN_NAME.png`, recorded by benchmarks/lab_figures.py). reveal.js and KaTeX come from their npm
 packages (slides/package.json, pinned by slides/package-lock.json) and are copied beside the decks,
 so opening a deck fetches nothing. Equations are TeX between `$...$` (inline) or `$$...$$`
 (display); reveal.js's math plugin renders them with KaTeX when the deck opens.
@@ -43,7 +44,7 @@ KATEX = SLIDES / "node_modules" / "katex"
 REVEAL_FILES = ("dist/reset.css", "dist/reveal.css", "dist/theme/white.css", "dist/reveal.js",
                 "dist/plugin/markdown.js", "dist/plugin/notes.js", "dist/plugin/math.js")
 KATEX_FILES = ("dist/katex.min.css", "dist/katex.min.js", "dist/contrib/auto-render.min.js", "dist/fonts")
-FIGURE = re.compile(r"figures/([\w.-]+\.svg)")
+FIGURE = re.compile(r"figures/([\w.-]+\.(?:svg|png))")
 
 TEMPLATE = """<!DOCTYPE html>
 <html lang="en">
@@ -208,6 +209,11 @@ def draw_figures(out: Path) -> list[Path]:
     return written
 
 
+def recorded_figures() -> dict:
+    """{file name: path}: the images recorded from the labs' full-mode runs (benchmarks/lab_figures.py)."""
+    return {path.name: path for path in sorted((RESULTS / "figures").glob("lab*.png"))}
+
+
 def reveal_version() -> str:
     return json.loads((REVEAL / "package.json").read_text())["version"]
 
@@ -230,8 +236,9 @@ def ensure_reveal() -> None:
 def write_deck(source: Path, out: Path, known: dict | None = None) -> dict:
     text = source.read_text(encoding="utf-8")
     problems = check_source(source)
-    missing = sorted({name for name in FIGURE.findall(text) if name not in figures()})
-    problems += [f"{source.name}: figure {name} is not drawn by slides/build.py's figures()" for name in missing]
+    missing = sorted({name for name in FIGURE.findall(text) if name not in figures() and name not in recorded_figures()})
+    problems += [f"{source.name}: figure {name} is neither drawn by slides/build.py's figures() nor recorded "
+                 f"from a lab (benchmarks/lab_figures.py)" for name in missing]
     if problems:
         raise SystemExit("\n".join(problems))
     text = fill_values(text, values.values() if known is None else known, source.name)
@@ -284,6 +291,8 @@ def build(out: Path = ROOT / "build" / "slides", names: list[str] | None = None,
         copy(KATEX / name, out / "katex" / name, **({"dirs_exist_ok": True} if copy is shutil.copytree else {}))
     shutil.copy2(KATEX / "LICENSE", out / "katex" / "LICENSE")
     draw_figures(out / "figures")
+    for name, path in recorded_figures().items():
+        shutil.copy2(path, out / "figures" / name)
     known = values.values()
     built = [write_deck(source, out, known) for source in decks(names)]
     if pdf:

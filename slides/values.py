@@ -142,4 +142,15 @@ def values() -> dict:
     for lab in recorded("lab_times.json")["labs"]:
         out[f"lab_times.{lab['notebook'][:2]}.full_min"] = f"{lab['full_s'] / 60:.1f} min"
     out["lab_times.machine"] = machine(recorded("lab_times.json"))
+    _lab_figures(out)
     return out
+
+
+def _lab_figures(out: dict) -> None:
+    """For each figure recorded from a lab's full-mode run: its machine and what its cell printed."""
+    if not (RESULTS / "lab_figures.json").exists():
+        return
+    for image, entry in recorded("lab_figures.json").items():
+        key = f"figure.{image.removesuffix('.png')}"
+        out[f"{key}.machine"] = machine(entry)
+        out[f"{key}.printed"] = "\n".join(f"    {line}" for line in entry["printed"].splitlines())  # a code block

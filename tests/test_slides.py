@@ -80,13 +80,15 @@ def _probe(tmp_path, *slides_text, name="99_probe.md"):
 
 def test_source_check_names_the_slide_without_notes_and_the_unknown_figure(tmp_path):
     deck = _probe(tmp_path, "# Probe\n\nNote:\n[1 min]\nhello\n", PROBE_AGENDA,
-                  "## No notes here\n\n![x](figures/nowhere.svg)\n", "## Last\n\nNote:\n[1 min]\nbye\n")
+                  "## No notes here\n\n![x](figures/nowhere.svg)\n![y](figures/lab99_nowhere.png)\n",
+                  "## Last\n\nNote:\n[1 min]\nbye\n")
     assert slides.check_source(deck) == ["99_probe.md: slide 3 has no speaker notes (add a `Note:` line and notes)",
                                          "99_probe.md: the agenda adds up to 6 min but the slides' notes to 3 min; "
                                          "make them agree",
                                          "99_probe.md: the agenda gives slides 3-3 3 min, their notes 0 min"]
-    with pytest.raises(SystemExit, match="figure nowhere.svg is not drawn"):
+    with pytest.raises(SystemExit, match="figure lab99_nowhere.png is neither drawn") as refused:
         slides.write_deck(deck, tmp_path, known={})
+    assert "figure nowhere.svg is neither drawn" in str(refused.value)
 
 
 def test_source_check_wants_a_timed_agenda_and_minutes_on_every_slide(tmp_path):
