@@ -1,12 +1,13 @@
 """The checks of lab 08: right answers pass, the typical wrong ones fail with their own message.
 
-8.1 runs on a cluster of 3 MPI engines (mpiexec from the mpich wheel): a divisor written as 2, or a
+8.1 and 8.2 run on a cluster of 3 MPI engines (mpiexec from the mpich wheel): a divisor written as 2, or a
 sum over MPI.COMM_WORLD instead of the communicator given, would pass on 2 ranks of COMM_WORLD alone. The functions
 sent there are @interactive: ipyparallel sends them by value, as it does functions of a notebook.
 """
 from __future__ import annotations
 
 import copy
+import types
 
 import pytest
 import torch
@@ -148,7 +149,72 @@ def test_average_stub(mpi_workers):
     assert "Hint: x" in fails(lambda fn: lab08.check_average(mpi_workers, fn), stub_average, NotSolved)
 
 
-# --- 8.2 the Hogwild worker --------------------------------------------------------------------------
+# --- 8.2 the PSGD loop --------------------------------------------------------------------------------
+
+@interactive
+def psgd_variant(model, x, y, comm, average, steps, batch_size, lr, sync_every, seed, mistake=None):
+    import torch as t
+    from mpi4py import MPI
+
+    from utils import parallel_sgd as ps
+    rank, size = comm.Get_rank(), comm.Get_size()
+    batches = ps.worker_batches(len(x), 0 if mistake == "same shard" else rank, size, batch_size, seed,
+                                shard=mistake != "all data")
+    optimizer = t.optim.SGD(model.parameters(), lr=lr * size if mistake == "lr x size" else lr)
+    first = 0 if mistake == "off by one" else 1             # a loop over range(steps), tested with step % K
+    for step in range(first, steps + first):
+        idx = next(batches)
+        optimizer.zero_grad()
+        t.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+        due = {"K ignored": True, "not after the last": step % sync_every == 0}.get(
+            mistake, step % sync_every == 0 or step == steps)
+        if mistake == "no one-shot":                       # "one-shot means no communication"
+            due = due and sync_every < steps
+        if mistake == "gradients":                         # synchronous SGD's all-reduce, every K steps
+            if due:
+                for q in model.parameters():
+                    comm.Allreduce(MPI.IN_PLACE, q.grad.numpy(), op=MPI.SUM)
+                    q.grad /= size
+            optimizer.step()
+            continue
+        optimizer.step()
+        if due:
+            average(model, comm)
+
+
+def psgd_with(mistake):
+    """psgd_variant with its mistake set: a plain function, which ipyparallel sends by value."""
+    return interactive(types.FunctionType(psgd_variant.__code__, psgd_variant.__globals__, "psgd", (mistake,)))
+
+
+@interactive
+def stub_psgd(model, x, y, comm, average, steps, batch_size, lr, sync_every, seed):
+    raise NotImplementedError("Hint: y")
+
+
+def test_psgd_right_passes(mpi_workers):
+    lab08.check_psgd(mpi_workers, psgd_variant)
+
+
+@pytest.mark.parametrize("mistake, message", [
+    ("off by one", "off by one"),
+    ("K ignored", "you averaged after every step, but sync_every = 3"),
+    ("not after the last", "but not after the last one, step 7"),
+    ("no one-shot", "never called average(model, comm) (every 5 steps (one-shot"),
+    ("gradients", "called comm.Allreduce on the gradients"),
+    ("all data", "belong to other workers' shards"),
+    ("same shard", "you and worker(s) [1, 2] trained on the same samples"),
+    ("lr x size", "SGD with learning rate 0.111 (lr x size), but the caller asked for lr = 0.037"),
+])
+def test_psgd_mistakes(mpi_workers, mistake, message):
+    assert message in fails(lambda fn: lab08.check_psgd(mpi_workers, fn), psgd_with(mistake), Incorrect)
+
+
+def test_psgd_stub(mpi_workers):
+    assert "Hint: y" in fails(lambda fn: lab08.check_psgd(mpi_workers, fn), stub_psgd, NotSolved)
+
+
+# --- 8.3 the Hogwild worker --------------------------------------------------------------------------
 
 def worker(copy_model=False, reshuffle=True, shuffle=True, count=True, add_at_end=False, lock=None, global_seed=False):
     def hogwild_worker(model, x, y, epochs, batch_size, lr, seed):
@@ -211,7 +277,7 @@ def test_hogwild_worker_that_locks_every_step_fails(tmp_path):
     assert "never ran a forward pass at the same time" in fails(lab08.check_hogwild_worker, locked, Incorrect)
 
 
-# --- 8.3 Parle's directions ---------------------------------------------------------------------------
+# --- 8.4 Parle's directions ---------------------------------------------------------------------------
 
 def test_parle_directions_right_passes():
     lab08.check_parle_directions(lambda g, y, x, z, zm, gamma, rho: (g + gamma * (y - x), gamma * (x - z) + rho * (x - zm)))
@@ -228,6 +294,6 @@ def test_parle_directions_mistakes(wrong, message):
 
 
 def test_step_by_step_hints():
-    assert sorted(lab08.HINTS) == ["8.1", "8.2", "8.3"]
+    assert sorted(lab08.HINTS) == ["8.1", "8.2", "8.3", "8.4"]
     with pytest.raises(ValueError, match="there is one for"):
-        lab08.hint("8.4")
+        lab08.hint("8.5")

@@ -4,7 +4,13 @@
 weights differ by rank (two dtypes, float buffers, a BatchNorm's integer step counter), on all ranks
 and on a sub-communicator, and refuses mpi4py's pickle-based lower-case methods.
 
-8.2 runs the learner's Hogwild worker twice: alone in this process against a reference with the
+8.2 runs the learner's PSGD loop on the MPI engines, every rank at once (all ranks, then a
+sub-communicator), on a model that records the samples of every step, with an ``average`` that
+records when it is called and a communicator that records every collective the loop calls itself.
+It compares the weights with ``utils.parallel_sgd.local_sgd`` and names the usual mistakes: averages
+at the wrong steps, gradients averaged, the wrong shard or all the data, another learning rate.
+
+8.3 runs the learner's Hogwild worker twice: alone in this process against a reference with the
 same random order (and torch's global random state left untouched), then in two spawned processes
 on one model in shared memory, where each process's shard touches weights of its own and the model
 records every forward pass. So the check sees that each process trained the shared model itself
@@ -27,11 +33,17 @@ HINTS = {
    comm.Allreduce(MPI.IN_PLACE, values, op=MPI.SUM) sums it over the ranks, on every rank;
    values /= p makes the sum a mean (still in the tensor's memory).""",
     "8.2": """Step by step:
+1. size, me = comm.Get_size(), comm.Get_rank(); batches = parallel_sgd.worker_batches(len(x), me, size, batch_size, seed)
+   gives this worker's own shard, a new order each epoch; take one batch of indices with next(batches) per step.
+2. optimizer = torch.optim.SGD(model.parameters(), lr=lr), the lr as given.
+3. for step in range(1, steps + 1): zero_grad, cross_entropy(model(x[idx]), y[idx]), backward, step;
+   then, if step % sync_every == 0 or step == steps: average(model, comm).""",
+    "8.3": """Step by step:
 1. optimizer = torch.optim.SGD(model.parameters(), lr=lr): this process's own optimizer on the shared weights.
 2. g = torch.Generator().manual_seed(seed); for each epoch: order = torch.randperm(len(x), generator=g).
 3. For each batch of indices in order.split(batch_size): zero_grad, cross_entropy(model(x[idx]), y[idx]),
    backward, step; count the updates. Return the count.""",
-    "8.3": """Step by step:
+    "8.4": """Step by step:
 1. The proximal term gamma/2 |y - x|^2 has the gradient gamma * (y - x) with respect to y: inner = grad + gamma * (y - x).
 2. At a synchronisation x is pulled towards the replica's own average z with strength gamma and towards the
    replicas' mean z_mean with strength rho: sync = gamma * (x - z) + rho * (x - z_mean).""",
@@ -155,7 +167,225 @@ def check_average(workers, average_weights) -> None:
                  "a sub-communicator made by comm.Split", integers)
 
 
-# --- 8.2 the Hogwild worker -------------------------------------------------------------------------
+# --- 8.2 the PSGD loop ------------------------------------------------------------------------------
+
+
+class _Recorder(nn.Module):
+    """A linear model (float64) whose inputs carry each sample's index in their first column: in
+    training mode it records the indices of every batch it sees, so its length is the number of
+    steps taken so far. The index column is not an input of the layer."""
+
+    def __init__(self, features: int, classes: int):
+        super().__init__()
+        self.layer = nn.Linear(features, classes).double()
+        self.batches: list[list[int]] = []
+
+    def forward(self, x):
+        if self.training:
+            self.batches.append(x[:, 0].long().tolist())
+        return self.layer(x[:, 1:])
+
+
+def _indexed_problem(n: int, features: int, classes: int, seed: int):
+    generator = torch.Generator().manual_seed(1000 + seed)
+    x = torch.randn(n, features + 1, generator=generator, dtype=torch.float64)
+    x[:, 0] = torch.arange(n, dtype=torch.float64)
+    return x, torch.randint(0, classes, (n,), generator=generator)
+
+
+def _address(buffer):
+    """Where an mpi4py buffer argument (an array, or [array, datatype]) lives in memory; None if unknown."""
+    import numpy as np
+
+    if isinstance(buffer, (list, tuple)) and buffer:
+        buffer = buffer[0]
+    try:
+        return np.asarray(buffer).__array_interface__["data"][0]
+    except Exception:
+        return None
+
+
+_COLLECTIVES = ("Allreduce", "Iallreduce", "Reduce", "Ireduce", "Bcast", "Ibcast", "Allgather", "Reduce_scatter",
+                "Reduce_scatter_block") + _PICKLING
+
+
+def _recording(comm, calls: list, gradients):
+    """``comm`` itself, with every collective the learner's loop calls on it recorded as (name, whether
+    one of its buffers is a gradient's memory: ``gradients()`` gives their addresses at that moment)."""
+    from mpi4py import MPI
+
+    class Recorded(MPI.Intracomm):
+        pass
+
+    def recording(name):
+        def call(self, *args, **kwargs):
+            addresses = {_address(a) for a in list(args) + list(kwargs.values())}
+            calls.append((name, bool(addresses & gradients())))
+            return getattr(MPI.Intracomm, name)(self, *args, **kwargs)
+        return call
+
+    for name in _COLLECTIVES:
+        if hasattr(MPI.Intracomm, name):
+            setattr(Recorded, name, recording(name))
+    return Recorded(comm)
+
+
+def _wanted_averages(steps: int, sync_every: int) -> list[int]:
+    return sorted(set(range(sync_every, steps + 1, sync_every)) | {steps})
+
+
+def _averages_message(got: list, steps: int, sync_every: int) -> str | None:
+    want = _wanted_averages(steps, sync_every)
+    if got == want:
+        return None
+    every = f"every {sync_every} steps" + (" (one-shot: sync_every = steps)" if sync_every >= steps else "")
+    if not got:
+        return (f"your loop never called average(model, comm) ({every}, {steps} steps): it must average after "
+                f"steps {want}" + (", once, after the last step" if sync_every >= steps else "")
+                + ". Call the average you are given (the lab times your averages through it).")
+    if sync_every > 1 and got == list(range(1, steps + 1)):
+        return (f"you averaged after every step, but sync_every = {sync_every}: average only after every "
+                f"{sync_every}-th step, and after the last, i.e. after steps {want}.")
+    if got == want[:-1] or (steps not in got and set(got) <= set(want)):
+        return (f"you averaged after steps {got} but not after the last one, step {steps}: every worker must end "
+                f"with the averaged model, so the last step is always followed by an average (after steps {want}).")
+    shifted = {m + d for m in range(sync_every, steps + 1, sync_every) for d in (-1, 1)} | {1, steps}
+    if set(got) <= shifted:       # e.g. a loop over range(steps) that tests step % sync_every
+        return (f"you averaged after steps {got}, {every} means after steps {want}: off by one. Count steps "
+                f"from 1 (the first step is step 1) and average after step s when s is a multiple of sync_every, "
+                f"and after the last.")
+    return f"you averaged after steps {got}; {every} with {steps} steps means after steps {want}."
+
+
+def _waited(request, what: str, timeout_s: float = 10.0) -> None:
+    """Wait for a non-blocking MPI request, at most ``timeout_s``: MPI's blocking collectives wait
+    forever for a rank that never comes (one that raised, or skipped a collective)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not request.Test():
+        if time.monotonic() > deadline:
+            raise Wrong(f"{what}: the other workers did not join within {timeout_s:g} s (a worker that raised, or "
+                        f"that averaged a different number of times, leaves the others waiting)")
+        time.sleep(0.001)
+
+
+def _average_timed(model: nn.Module, comm, what: str) -> None:
+    """``utils.parallel_sgd.average_parameters`` with non-blocking all-reduces that give up after a while."""
+    from mpi4py import MPI
+
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        if tensor.is_floating_point():
+            values = tensor.detach().numpy()
+            _waited(comm.Iallreduce(MPI.IN_PLACE, values, op=MPI.SUM), what)
+            values /= comm.Get_size()
+
+
+def _psgd_job(psgd, n, steps, batch_size, lr, sync_every, seed, split):
+    import copy
+
+    from mpi4py import MPI
+
+    from utils import parallel_sgd
+
+    world = MPI.COMM_WORLD
+    rank, p = world.Get_rank(), world.Get_size()
+    color = (lambda r: r % 2 if p >= 3 else r) if split else (lambda r: 0)
+    comm = world.Split(color(rank), rank)
+    try:
+        size, me = comm.Get_size(), comm.Get_rank()
+        where = (f"worker {me} of {size} on a communicator made by comm.Split (rank {rank} of {p} in "
+                 f"MPI.COMM_WORLD)" if split else f"worker {me} of {size}")
+        x, y = _indexed_problem(n, 4, 3, seed)
+        torch.manual_seed(seed)
+        start = _Recorder(4, 3)
+        model, calls, averaged_at, wrong_comm = copy.deepcopy(start), [], [], []
+        recorded = _recording(comm, calls, lambda: {q.grad.data_ptr() for q in model.parameters()
+                                                    if q.grad is not None})
+
+        def average(m, c):          # never raises: the other ranks would wait in their average
+            if m is not model or not (c is recorded or c == comm):
+                wrong_comm.append(c)
+            averaged_at.append(len(model.batches))
+            _average_timed(m, comm, f"{where}, the average after step {len(model.batches)}")
+
+        psgd(model, x, y, recorded, average, steps, batch_size, lr, sync_every, seed)
+
+        # The references, every rank in the same order (they are collectives), before any verdict.
+        references = {}
+        for label, rate in (("right", lr), ("lr x size", lr * size), ("lr / size", lr / size), ("0.1", 0.1)):
+            reference = copy.deepcopy(start)
+            parallel_sgd.local_sgd(reference, x, y, steps=steps, batch_size=batch_size, lr=rate, sync_every=sync_every,
+                                   average=lambda m: _average_timed(m, comm, f"{where}, the check's reference"), rank=me,
+                                   world_size=size, seed=seed)
+            references[label] = (rate, reference)
+
+        if wrong_comm:
+            raise Wrong(f"{where}: call average(model, comm) with the model you train and the comm your function "
+                        f"received, not another model or communicator")
+        if any(on_gradient for _, on_gradient in calls):
+            name = next(name for name, on_gradient in calls if on_gradient)
+            raise Wrong(f"{where}: your loop called comm.{name} on the gradients: that is synchronous SGD's "
+                        f"all-reduce of gradients. Parallel SGD averages the weights: every worker takes its own "
+                        f"optimizer steps, and after every sync_every-th step and the last, average(model, comm) "
+                        f"averages the model itself")
+        if calls:
+            raise Wrong(f"{where}: your loop called comm.{calls[0][0]} itself: average the weights only through "
+                        f"average(model, comm), the function you are given (your average_weights in the lab)")
+        shards = parallel_sgd.shard_indices(n, size, seed)
+        mine, seen = set(shards[me].tolist()), {i for batch in model.batches for i in batch}
+        _waited(comm.Ibarrier(), f"{where}, after your loop")
+        everyone = comm.allgather(seen)         # every rank is here: no wait
+        if not seen <= mine:
+            raise Wrong(f"{where}: {len(seen - mine)} of the samples you trained on belong to other workers' shards "
+                        f"(all the data?): each worker reads only its own shard, a random 1/P of the data "
+                        f"(parallel_sgd.worker_batches with this worker's rank and the communicator's size)")
+        same = [r for r, theirs in enumerate(everyone) if r != me and theirs & seen]
+        if same:
+            raise Wrong(f"{where}: you and worker(s) {same} trained on the same samples: every worker reads its "
+                        f"own shard, the one for its rank in comm (comm.Get_rank(), comm.Get_size())")
+        if len(model.batches) != steps:
+            raise Wrong(f"{where}: your loop took {len(model.batches)} SGD steps; the caller asked for steps = {steps}")
+        message = _averages_message(averaged_at, steps, sync_every)
+        if message:
+            raise Wrong(f"{where}: {message}")
+        want_batches = references["right"][1].batches
+        if model.batches != want_batches:
+            raise Wrong(f"{where}: your batches are not those of parallel_sgd.worker_batches(len(x), rank, size, "
+                        f"batch_size, seed): step 1 took samples {model.batches[0]}, it gives {want_batches[0]}. "
+                        f"Take one batch of indices from it per step, in its order, with the seed you were given")
+        got = model.layer.weight.detach()
+        close = lambda ref: torch.allclose(got, ref.layer.weight.detach(), rtol=0, atol=1e-10) and \
+            torch.allclose(model.layer.bias.detach(), ref.layer.bias.detach(), rtol=0, atol=1e-10)
+        if close(references["right"][1]):
+            return True
+        for label, (rate, reference) in references.items():
+            if label != "right" and close(reference):
+                raise Wrong(f"{where}: your weights are those of SGD with learning rate {rate:g} ({label}), but the "
+                            f"caller asked for lr = {lr:g}: use the lr you are given, as it is (the lab scales it "
+                            f"for K = 1 itself)")
+        gap = (got - references["right"][1].layer.weight.detach()).abs().max().item()
+        raise Wrong(f"{where}: your averages come at the right steps and your batches are right, but the weights "
+                    f"differ from plain SGD (torch.optim.SGD at lr {lr:g}, cross_entropy, the average after the "
+                    f"optimizer's step) by up to {gap:.3g}")
+    finally:
+        comm.Free()
+
+
+def check_psgd(workers, psgd) -> None:
+    """Exercise 8.2: the learner's ``psgd_loop(model, x, y, comm, average, steps, batch_size, lr, sync_every, seed)``
+    on every MPI engine at once: a period that does not divide the steps, on all ranks; one-shot on a
+    sub-communicator (2 engines: one rank each; 3 or more: even and odd ranks); shards of unequal sizes."""
+    name = "8.2"
+    with exercise(name):
+        prepare(workers, psgd, name)
+        run_case(workers, name, _psgd_job, psgd, (29, 7, 3, 0.037, 3, 4, False),
+                 f"{workers.n} ranks, 29 samples, 7 steps of 3 samples, an average every 3 steps")
+        run_case(workers, name, _psgd_job, psgd, (23, 5, 2, 0.05, 5, 1, True),
+                 "one-shot averaging (sync_every = steps = 5) on a sub-communicator made by comm.Split")
+
+
+# --- 8.3 the Hogwild worker -------------------------------------------------------------------------
 
 
 def _reference_worker(model, x, y, epochs, batch_size, lr, seed, reshuffle=True, shuffle=True):
@@ -226,13 +456,13 @@ def _by_value(rank, parent, payload, model, x, y, epochs, batch_size, lr, seed):
 
 
 def check_hogwild_worker(hogwild_worker) -> None:
-    """Exercise 8.2: ``hogwild_worker(model, x, y, epochs, batch_size, lr, seed)`` trains the model it is
+    """Exercise 8.3: ``hogwild_worker(model, x, y, epochs, batch_size, lr, seed)`` trains the model it is
     given, in place, on (x, y), with its own SGD and a new random order every epoch; returns its updates."""
     import cloudpickle
 
     from utils.hogwild import run_processes
 
-    with exercise("8.2"):
+    with exercise("8.3"):
         (x, y), = _block_problem(1, per_block=10)
         settings = dict(epochs=3, batch_size=4, lr=0.1, seed=5)
         torch.manual_seed(0)
@@ -243,26 +473,26 @@ def check_hogwild_worker(hogwild_worker) -> None:
         rng_before = torch.random.get_rng_state()
         updates = hogwild_worker(models["yours"], x, y, **settings)
         expect(torch.equal(rng_before, torch.random.get_rng_state()),
-               "8.2: your worker changed torch's global random state (torch.manual_seed, or a draw without "
+               "8.3: your worker changed torch's global random state (torch.manual_seed, or a draw without "
                "generator=...). Each process takes its order from a torch.Generator of its own, seeded with seed: "
                "the global one also drives dropout and initialisation, which the worker must leave alone.")
         want = _reference_worker(models["right"], x, y, **settings)
         _reference_worker(models["once"], x, y, **settings, reshuffle=False)
         _reference_worker(models["unshuffled"], x, y, **settings, shuffle=False)
         yours = models["yours"].weight.detach()
-        expect(not torch.equal(yours, start.weight), "8.2: the model you were given did not change: train it in "
+        expect(not torch.equal(yours, start.weight), "8.3: the model you were given did not change: train it in "
                                                      "place (a copy of it never reaches the shared memory).")
         for kind, message in (("unshuffled", "you walked the samples in their order: shuffle with "
                                              "torch.randperm(len(x), generator=g) every epoch"),
                               ("once", "you shuffled once and reused that order: draw a new permutation every "
                                        "epoch from the same generator")):
-            expect(not torch.allclose(yours, models[kind].weight.detach(), rtol=0, atol=1e-12), f"8.2: {message}.")
+            expect(not torch.allclose(yours, models[kind].weight.detach(), rtol=0, atol=1e-12), f"8.3: {message}.")
         expect(torch.allclose(yours, models["right"].weight.detach(), rtol=0, atol=1e-12),
-               f"8.2: after {settings['epochs']} epochs the weights differ from plain SGD (lr {settings['lr']}, batches "
+               f"8.3: after {settings['epochs']} epochs the weights differ from plain SGD (lr {settings['lr']}, batches "
                f"of {settings['batch_size']} in the order of torch.randperm(len(x), generator="
                f"torch.Generator().manual_seed(seed)), a new permutation each epoch) by up to "
                f"{(yours - models['right'].weight.detach()).abs().max().item():.3g}.")
-        expect(updates == want, f"8.2: return the number of updates this process made: {want}, not {updates!r}.")
+        expect(updates == want, f"8.3: return the number of updates this process made: {want}, not {updates!r}.")
 
         shards = _block_problem(2)
         shared = _Watcher().share_memory()
@@ -270,42 +500,42 @@ def check_hogwild_worker(hogwild_worker) -> None:
         counts = run_processes(_by_value, [(payload, shared, sx, sy, 3, 2, 0.1, r) for r, (sx, sy) in enumerate(shards)],
                                timeout=120)
         weight, ran = shared.weight.detach(), shared.count.tolist()
-        expect(min(ran) > 0, f"8.2: in two processes sharing one model, process(es) {[r for r in (0, 1) if not ran[r]]} "
+        expect(min(ran) > 0, f"8.3: in two processes sharing one model, process(es) {[r for r in (0, 1) if not ran[r]]} "
                              f"never ran the model they were given: each process must train the shared model itself, "
                              f"not a copy (a copy's changes, added at the end or not, are not Hogwild).")
         moved = [bool(weight[:, 4 * r:4 * (r + 1)].abs().sum() > 0) for r in range(2)]
-        expect(all(moved), f"8.2: in two processes sharing one model, the weights that only process(es) "
+        expect(all(moved), f"8.3: in two processes sharing one model, the weights that only process(es) "
                            f"{[r for r, m in enumerate(moved) if not m]} update did not change: each process must "
                            f"update the shared model it is given, not a copy.")
-        expect(counts == [18, 18], f"8.2: in two processes each should make 18 updates (3 epochs of 12 samples in "
+        expect(counts == [18, 18], f"8.3: in two processes each should make 18 updates (3 epochs of 12 samples in "
                                    f"batches of 2); they reported {counts}.")
         expect(int(shared.met.sum()) > 0,
-               "8.2: the two processes never ran a forward pass at the same time: they took turns, as with a lock "
+               "8.3: the two processes never ran a forward pass at the same time: they took turns, as with a lock "
                "around each step. Hogwild takes no lock: each process reads and writes the shared weights whenever "
                "it is ready.")
 
 
-# --- 8.3 Parle's two directions ---------------------------------------------------------------------
+# --- 8.4 Parle's two directions ---------------------------------------------------------------------
 
 
 def check_parle_directions(parle_directions) -> None:
-    """Exercise 8.3: the inner step's and the synchronisation's gradients of Parle, for one tensor."""
-    with exercise("8.3"):
+    """Exercise 8.4: the inner step's and the synchronisation's gradients of Parle, for one tensor."""
+    with exercise("8.4"):
         generator = torch.Generator().manual_seed(11)
         grad, y, x, z, z_mean = (torch.randn(3, 4, generator=generator, dtype=torch.float64) for _ in range(5))
         for gamma, rho in ((0.03, 0.5), (0.0, 0.2), (0.7, 0.0)):
             got = parle_directions(grad.clone(), y.clone(), x.clone(), z.clone(), z_mean.clone(), gamma, rho)
-            expect(isinstance(got, tuple) and len(got) == 2, f"8.3: return the pair (inner, sync), got {type(got).__name__}")
+            expect(isinstance(got, tuple) and len(got) == 2, f"8.4: return the pair (inner, sync), got {type(got).__name__}")
             inner, sync = got
             want_inner = grad + gamma * (y - x)
             want_sync = gamma * (x - z) + rho * (x - z_mean)
             if not torch.allclose(inner, want_inner):
                 flipped = torch.allclose(inner, grad + gamma * (x - y))
-                expect(False, f"8.3 (gamma {gamma}): the inner direction " + (
+                expect(False, f"8.4 (gamma {gamma}): the inner direction " + (
                     "pulls away from x: the gradient of gamma/2 |y - x|^2 with respect to y is gamma (y - x)."
                     if flipped else "should be grad + gamma (y - x): the loss's gradient plus the proximal term's."))
             if not torch.allclose(sync, want_sync):
                 own = torch.allclose(sync, gamma * (x - z) + rho * (x - z))
-                expect(False, f"8.3 (gamma {gamma}, rho {rho}): the synchronisation direction " + (
+                expect(False, f"8.4 (gamma {gamma}, rho {rho}): the synchronisation direction " + (
                     "pulls towards the replica's own average z twice: the elastic term pulls towards the mean "
                     "over the replicas, z_mean." if own else "should be gamma (x - z) + rho (x - z_mean)."))
