@@ -45,6 +45,7 @@ BACKWARD = "            loss.backward()\n"
 HAND_ALL_REDUCE = BACKWARD + ("            for p in ddp_model.parameters():\n                dist.all_reduce(p.grad)\n"
                               "                p.grad /= world_size\n")
 INIT = "dist.init_process_group(backend, timeout="
+EVALUATE = "            _, accuracy = evaluate(model, dataset.x_test, dataset.y_test)"
 
 # Each wrong script, the part of the check that must refuse it, and the words of its message. The
 # job runs as two simulated GPU nodes (2 + 1 processes), so mistakes that show only on GPUs or on
@@ -94,14 +95,27 @@ MISTAKES = {
                                                "accuracy = (model(dataset.x_test.to(device)).argmax(1) == "
                                                "dataset.y_test.to(device)).float().mean().item()")],
                                 "ran dropout in train mode outside a training step"),
-    "global batch not refused": ("check_refusal", [("    if args.global_batch % world_size:", "    if False:")],
-                                 "a global batch of 25 does not divide among 2 processes, but your job trained"),
+    # a test written for 2 processes (found by an outside review: it passed when the refusal ran on 2); a job that
+    # refuses nothing trains on this batch too, and fails the same way
+    "global batch refused for a world size of 2 only": ("check_refusal", [("    if args.global_batch % world_size:",
+                                                                           "    if args.global_batch % 2:")],
+                                                        "a global batch of 20 does not divide among 3 processes, but your job trained"),
+    # evaluation written by hand, the model left in eval mode (found by an outside review: the message blamed the weights)
+    "left in eval mode after evaluating": ("check_training", [(EVALUATE, "            model.eval()\n            with torch.no_grad():\n"
+                                                                         "                accuracy = (model(dataset.x_test.to(device)).argmax(1) == "
+                                                                         "dataset.y_test.to(device)).float().mean().item()")],
+                                           "dropout layer(s) in eval mode inside training steps"),
 }
 
 
-def test_set_epoch_with_other_distinct_values_passes(tmp_path):
+def test_a_right_script_written_otherwise_passes(tmp_path):
     # Any value that changes every epoch (and is the same on every rank) reshuffles: the check follows it.
-    lab06.check_training(with_mistake(tmp_path, (SET_EPOCH, "        sampler.set_epoch(10 * epoch + 1)")))
+    # Pinned batches copied without blocking are what a GPU job should do (the simulated node once failed them
+    # for want of a driver).
+    lab06.check_training(with_mistake(tmp_path, (SET_EPOCH, "        sampler.set_epoch(10 * epoch + 1)"),
+                                      ("sampler=sampler)", "sampler=sampler, pin_memory=True)"),
+                                      ("x, y = x.to(device), y.to(device)",
+                                       "x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)")))
 
 
 @pytest.mark.parametrize("mistake", MISTAKES, ids=list(MISTAKES))

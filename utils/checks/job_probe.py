@@ -156,6 +156,8 @@ class SimulatedGPUs(TorchFunctionMode):
         p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
         training = args[2] if len(args) > 2 else kwargs.get("training", True)
         if not training:
+            if self.training_forward and torch.is_grad_enabled():    # a training step with the model in eval mode
+                self.record["train_in_eval_mode"] = self.record.get("train_in_eval_mode", 0) + 1
             return x
         if self.training_forward and torch.is_grad_enabled():
             seed = (self.training_forward - 1) * DROPOUT_SEEDS_PER_FORWARD + self.dropout_calls
@@ -287,6 +289,8 @@ def _record_calls(record: dict, gpus: SimulatedGPUs) -> None:
 
     def forward(self, *args, **kwargs):
         training = self.training and torch.is_grad_enabled()    # else evaluation through the wrapper
+        if torch.is_grad_enabled() and not self.training:      # DDP still prepares a backward: a step in eval mode?
+            record["ddp_eval_with_grad"] += 1
         if training:
             record["forwards"] += 1
             batch = next((leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)), None)
@@ -322,6 +326,9 @@ def _simulate_cuda(record: dict, gpus: SimulatedGPUs) -> None:
     def synchronize(device=None):
         gpus._sync("torch.cuda.synchronize()")
 
+    # Pinned memory needs a driver; a simulated node's host memory stands for it (DataLoader(pin_memory=True)
+    # pins in a thread of its own, where the mode above is not active, so the method itself is replaced).
+    torch.Tensor.pin_memory = lambda self, device=None: self
     torch.cuda.is_available = lambda: True
     torch.cuda.device_count = lambda: gpus.count
     torch.cuda.set_device, torch.cuda.synchronize = set_device, synchronize
@@ -340,7 +347,7 @@ def main(argv: list[str]) -> None:
               "init": None, "destroyed": False, "samplers": [], "ddp": 0, "forwards": 0, "batches": [], "saves": [],
               "error": None, "printed": "", "set_device": [], "device_errors": [], "model_device": None,
               "device_ids": None, "params": 0, "mismatches": [], "syncs": {"train": 0, "eval": 0}, "sync_kinds": [],
-              "all_reduced": 0, "eval_in_train_mode": 0}
+              "all_reduced": 0, "eval_in_train_mode": 0, "train_in_eval_mode": 0, "ddp_eval_with_grad": 0}
     printed: list[str] = []
     gpus = SimulatedGPUs(record, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), os.environ.get("COURSE_PROBE_GPUS") == "1")
     _record_calls(record, gpus)

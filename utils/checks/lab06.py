@@ -218,6 +218,11 @@ def _diagnose_run(code, output: str, records: dict, nproc: int, what: str) -> No
                       f"(instead of read from torchrun's environment) makes the ranks wait for each other "
                       f"forever; so does a collective that only some ranks call.\nLast output:\n{_tail(output)}")
     errors = {rank: rec["error"] for rank, rec in sorted(records.items()) if rec["error"]}
+    no_driver = [rank for rank, error in errors.items() if "NVIDIA driver" in error or "not compiled with CUDA" in error]
+    expect(not no_driver, f"6.1: rank(s) {no_driver} used a GPU feature that the check's simulated GPU nodes (CPUs "
+                          f"that look like GPUs) cannot run: {errors[no_driver[0]] if no_driver else ''}. The exercise "
+                          f"needs none beyond the device, set_device, nccl and moving the model and batches: leave "
+                          f"mixed precision, CUDA streams and the like out of this script, and try them on a GPU node.")
     expect(not errors, f"6.1: the job failed {where}; rank errors: {errors}.\nLast output:\n{_tail(output)}")
     missing = sorted(set(range(nproc)) - set(records))
     expect(not missing, f"6.1: rank(s) {missing} ended without a trace {where} (killed, or the job never "
@@ -354,6 +359,17 @@ def _diagnose_calls(records: dict, nproc: int) -> list:
     expected = _expected_batches(nproc)
     for rank, rec in sorted(records.items()):
         batches = rec["batches"]
+        in_eval = rec.get("ddp_eval_with_grad", 0)
+        expect(batches == expected or not in_eval,
+               f"6.1: {_who(rec)} ran {len(batches)} training steps of the {len(expected)} its share needs, and "
+               f"{in_eval} forward pass(es) through the DDP model with gradients on while it was in eval mode: "
+               f"after evaluating, put the model back in train mode (ddp_model.train()), or the steps after the "
+               f"first evaluation train without dropout.")
+        expect(rec.get("train_in_eval_mode", 0) == 0,
+               f"6.1: {_who(rec)} ran {rec.get('train_in_eval_mode', 0)} dropout layer(s) in eval mode inside training "
+               f"steps: the model was left in eval mode after an evaluation. Call model.train() again after "
+               f"evaluating (utils.train.evaluate puts back the mode it found), or every epoch after the first trains "
+               f"without dropout.")
         expect(batches, f"6.1: {_who(rec)} ran no training step through the DDP model: call the wrapper "
                         f"(ddp_model(x)), not the model inside it; only the wrapper's forward prepares the "
                         f"gradients' all-reduce, and every rank must train on its own share.")
@@ -378,14 +394,18 @@ def _diagnose_calls(records: dict, nproc: int) -> list:
                f"once per epoch.")
     printed = {rank: len(LOG_LINE.findall(rec["printed"])) for rank, rec in records.items()}
     chatty = [rank for rank, lines in printed.items() if rank != 0 and lines]
+    by_local = " (LOCAL_RANK is 0 on every node: test the global rank, dist.get_rank())" if chatty and all(
+        records[rank]["local_rank"] == "0" for rank in chatty) else ""
     expect(not chatty, f"6.1: rank(s) {chatty} printed epoch lines too: log on rank 0 only "
-                       f"(if rank == 0: print(...)), or the log repeats every line {nproc} times.")
+                       f"(if rank == 0: print(...)){by_local}, or the log repeats every line {nproc} times.")
     expect(printed.get(0) == JOB["epochs"], f"6.1: rank 0 printed {printed.get(0)} epoch line(s) for "
                                             f"{JOB['epochs']} epochs; print one line per epoch, in the single-process "
                                             f"script's format: epoch E train_loss L test_accuracy A seconds S.")
     savers = sorted(rank for rank, rec in records.items() if rec["saves"])
+    by_local = " (LOCAL_RANK is 0 on every node: test the global rank, dist.get_rank())" if all(
+        records[rank]["local_rank"] == "0" for rank in savers if rank) and len(savers) > 1 else ""
     expect(savers == [0], f"6.1: torch.save was called on rank(s) {savers or 'none'}: rank 0 alone saves "
-                          f"the checkpoint (several processes writing one file can corrupt it).")
+                          f"the checkpoint{by_local} (several processes writing one file can corrupt it).")
     not_destroyed = sorted(rank for rank, rec in records.items() if not rec["destroyed"])
     expect(not not_destroyed, f"6.1: rank(s) {not_destroyed} never called dist.destroy_process_group(): end the "
                               f"job by tearing the group down, in a finally block so it happens even on error.")
@@ -461,14 +481,19 @@ def check_one_rank_failing(script: Path) -> None:
                      f"dist.destroy_process_group().")
 
 
+# Divisible by 2 and 4 (the lab's world sizes) but not by 3: a test written for a world size of 2 or 4, or for
+# LOCAL_WORLD_SIZE (2 on the first node), lets this batch through.
+REFUSED_BATCH = 20
+
+
 def check_refusal(script: Path) -> None:
-    """A global batch that 2 processes cannot share equally: the job must stop before training."""
-    batch = 2 * JOB["global_batch"] + 1
+    """A global batch that the 3 processes of two nodes cannot share equally: the job must stop before training."""
+    batch, nproc = REFUSED_BATCH, sum(NODES)
     with tempfile.TemporaryDirectory(prefix="lab06-check-") as folder:
-        code, output, records = run_job(script, [1, 1], Path(folder), global_batch=batch)
+        code, output, records = run_job(script, NODES, Path(folder), global_batch=batch)
     trained = sorted(rank for rank, rec in records.items() if rec["batches"])
     expect(code not in (0, None) and not trained,
-           f"6.1: a global batch of {batch} does not divide among 2 processes, but your job "
+           f"6.1: a global batch of {batch} does not divide among {nproc} processes, but your job "
            + (f"trained on rank(s) {trained}" if trained else f"ended with exit code {code}")
            + ": refuse it before training, with an error that says to use a multiple of the world size "
              "(raise SystemExit(...)); dropping the remainder silently changes the batch the learning rate "
