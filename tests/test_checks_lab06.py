@@ -125,6 +125,15 @@ def test_job_mistake_gets_its_own_message(mistake, tmp_path):
     assert message in got, got
 
 
+def test_a_gpu_feature_the_simulated_node_cannot_run_is_named():
+    # autocast("cuda") needs a driver: the rank's error as the probe records it, judged without a run
+    record = {"rank": "0", "local_rank": "0", "local_world_size": "1", "node": "0", "samplers": [], "ddp": 0,
+              "init": {"rank": None, "world_size": None, "backend": "nccl"}, "device_errors": [], "mismatches": [],
+              "destroyed": True, "error": "RuntimeError: Found no NVIDIA driver on your system."}
+    got = fails(lambda records: lab06._diagnose_run(1, "", records, 1, ""), {0: record}, Incorrect)
+    assert "a GPU feature that the check's simulated GPU nodes" in got and "no NVIDIA driver" in got, got
+
+
 def test_job_stub_is_not_solved(tmp_path):
     path = tmp_path / "train_ddp.py"
     path.write_text(release.learner_source(script_cell()))

@@ -220,7 +220,7 @@ def _diagnose_run(code, output: str, records: dict, nproc: int, what: str) -> No
     errors = {rank: rec["error"] for rank, rec in sorted(records.items()) if rec["error"]}
     no_driver = [rank for rank, error in errors.items() if "NVIDIA driver" in error or "not compiled with CUDA" in error]
     expect(not no_driver, f"6.1: rank(s) {no_driver} used a GPU feature that the check's simulated GPU nodes (CPUs "
-                          f"that look like GPUs) cannot run: {errors[no_driver[0]] if no_driver else ''}. The exercise "
+                          f"that look like GPUs) cannot run ({errors[no_driver[0]].rstrip('.') if no_driver else ''}). The exercise "
                           f"needs none beyond the device, set_device, nccl and moving the model and batches: leave "
                           f"mixed precision, CUDA streams and the like out of this script, and try them on a GPU node.")
     expect(not errors, f"6.1: the job failed {where}; rank errors: {errors}.\nLast output:\n{_tail(output)}")
