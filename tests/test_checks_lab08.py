@@ -277,7 +277,74 @@ def test_hogwild_worker_that_locks_every_step_fails(tmp_path):
     assert "never ran a forward pass at the same time" in fails(lab08.check_hogwild_worker, locked, Incorrect)
 
 
-# --- 8.4 Parle's directions ---------------------------------------------------------------------------
+# --- 8.4 the Hogwild processes --------------------------------------------------------------------------
+
+def hogwild_train_with(mistake=None):
+    def hogwild_train(model, x, y, processes, worker):
+        import copy as copying
+
+        import torch.multiprocessing as multiprocessing
+
+        from utils import parallel_sgd
+        model.share_memory()
+        if mistake == "all data":                          # torch's spawn helper: process i calls worker(i, ...)
+            multiprocessing.spawn(worker, args=(model, x, y), nprocs=processes)
+            return
+        shards = parallel_sgd.shard_indices(len(x), processes)
+        if mistake == "same shard":
+            shards = [shards[0]] * processes
+        if mistake == "in this process":
+            for rank, s in enumerate(shards):
+                worker(rank, model, x[s], y[s])
+            return
+        context = multiprocessing.get_context("spawn")
+        running = [context.Process(target=worker, args=(rank, copying.deepcopy(model) if mistake == "copies" else model,
+                                                        x[s], y[s])) for rank, s in enumerate(shards)]
+        for process in running:
+            process.start()
+            if mistake == "one after another":
+                process.join()
+        if mistake == "not joined":
+            return
+        for process in running:
+            process.join()
+        failed = [rank for rank, process in enumerate(running) if process.exitcode != 0]
+        if failed and mistake != "failure ignored":
+            raise RuntimeError(f"process(es) {failed} failed")
+    return hogwild_train
+
+
+def test_hogwild_train_right_passes():
+    lab08.check_hogwild_train(hogwild_train_with())
+
+
+@pytest.mark.parametrize("mistake, message", [
+    ("copies", "shows the updates of process(es) [] only, of 2"),
+    ("not joined", "returned while the processes were still running"),
+    ("failure ignored", "process 1 died (exit code 3) and your function returned as if all went well"),
+    ("same shard", "all 2 processes got the same 12 samples"),
+    ("all data", "all 2 processes got the same samples, all of them"),
+    ("in this process", "the worker ran in this process"),
+])
+def test_hogwild_train_mistakes(mistake, message):
+    assert message in fails(lab08.check_hogwild_train, hogwild_train_with(mistake), Incorrect)
+
+
+def test_hogwild_train_one_process_after_another_fails(monkeypatch):
+    monkeypatch.setattr(lab08, "HOGWILD_WAIT_S", 1.0)    # how long each process waits for the others
+    message = fails(lab08.check_hogwild_train, hogwild_train_with("one after another"), Incorrect)
+    assert "they ran one after another" in message
+
+
+def test_hogwild_train_stub():
+    assert "Hint: z" in fails(lab08.check_hogwild_train, lambda *args: stub_hint("z"), NotSolved)
+
+
+def stub_hint(text):
+    raise NotImplementedError(f"Hint: {text}")
+
+
+# --- 8.5 Parle's directions ---------------------------------------------------------------------------
 
 def test_parle_directions_right_passes():
     lab08.check_parle_directions(lambda g, y, x, z, zm, gamma, rho: (g + gamma * (y - x), gamma * (x - z) + rho * (x - zm)))
@@ -294,6 +361,6 @@ def test_parle_directions_mistakes(wrong, message):
 
 
 def test_step_by_step_hints():
-    assert sorted(lab08.HINTS) == ["8.1", "8.2", "8.3", "8.4"]
+    assert sorted(lab08.HINTS) == ["8.1", "8.2", "8.3", "8.4", "8.5"]
     with pytest.raises(ValueError, match="there is one for"):
-        lab08.hint("8.5")
+        lab08.hint("8.6")

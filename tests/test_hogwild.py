@@ -175,3 +175,26 @@ def test_clear_errors():
         hogwild.train_hogwild(_model(), _block_data(), processes=0, epochs=1, batch_size=4, lr=0.1)
     with pytest.raises(ValueError, match="'dense' or 'sparse'"):
         hogwild.lost_updates("medium")
+
+
+# --- Worker: what the learner's own processes run in lab 08 ------------------------------------------
+
+def _count_batches(model, x, y, epochs, seed):
+    return epochs * len(x) + seed          # stands for a worker's update count: shows what it was given
+
+
+def test_worker_runs_the_function_with_the_per_process_seed_and_records_updates_and_times():
+    worker = hogwild.Worker(_count_batches, 1, 2, seed=3)
+    worker(0, nn.Linear(2, 2), torch.zeros(5, 2), torch.zeros(5))
+    assert worker.updates.tolist() == [2 * 5 + 3 * 65537 + 1]       # train_hogwild's seed for process 0
+    start, end = worker.times[0].tolist()
+    assert 0 < start <= end and worker.train_time() == pytest.approx(end - start)
+
+
+def test_wait_for_all_starts_together_or_gives_up_after_its_timeout():
+    ready = torch.zeros(2, dtype=torch.int32)
+    began = time.monotonic()
+    assert not hogwild.wait_for_all(ready, 0, timeout=0.2)          # process 1 never came
+    assert 0.2 <= time.monotonic() - began < 5
+    ready[1] = 1
+    assert hogwild.wait_for_all(ready, 0, timeout=0.2)

@@ -18,6 +18,9 @@ do one process's work between them, and the speed-up is a real one. Processes st
 thread pools and on macOS), each with its own thread count, optimizer and momentum buffers. The
 model's class must be importable from a module (e.g. ``utils.models``): spawned processes import
 it; a class defined in a notebook cannot be found there.
+
+In lab 08 the learners start the processes themselves (exercise 8.4); ``Worker`` is what each of
+their processes runs there: their own worker function, sent by value, timed, started together.
 """
 from __future__ import annotations
 
@@ -103,6 +106,50 @@ def _stop_if_orphaned(parent: int) -> None:
     # A killed kernel cannot end its children; they notice that their parent changed and stop.
     if os.getppid() != parent:
         raise SystemExit("the parent process is gone")
+
+
+def wait_for_all(ready: torch.Tensor, rank: int, timeout: float) -> bool:
+    """Process ``rank`` marks its slot of ``ready`` (a shared tensor, one slot per process) and waits
+    until every slot is marked: a common start, since spawning a process and importing torch take
+    seconds. Returns False if ``timeout`` seconds ran out first (processes started one after another)."""
+    ready[rank] = 1
+    deadline = time.monotonic() + timeout
+    while int(ready.sum()) < len(ready):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+class Worker:
+    """What each process runs when the learner's own code starts the Hogwild processes (lab 08,
+    exercise 8.4): ``worker(rank, model, x, y)`` runs ``fn(model, x, y, *args, seed * 65537 + rank + 1)``
+    (``train_hogwild``'s per-process seed) with one torch thread, after all ``processes`` have started
+    (at most ``wait_s`` seconds), and records in shared memory what the lab reports: each process's
+    updates (``fn``'s return value) and the start and end of its training (CLOCK_MONOTONIC, which is
+    system-wide). ``fn`` may come from a notebook: it travels by value, pickled with cloudpickle."""
+
+    def __init__(self, fn, processes: int, *args, seed: int = 0, wait_s: float = 60.0):
+        import cloudpickle
+
+        self.payload, self.args, self.seed, self.wait_s = cloudpickle.dumps(fn), args, seed, wait_s
+        self.ready = torch.zeros(processes, dtype=torch.int32).share_memory_()
+        self.updates = torch.zeros(processes, dtype=torch.int64).share_memory_()
+        self.times = torch.zeros(processes, 2, dtype=torch.float64).share_memory_()
+
+    def __call__(self, rank: int, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+        import cloudpickle
+
+        torch.set_num_threads(1)
+        fn = cloudpickle.loads(self.payload)
+        wait_for_all(self.ready, rank, self.wait_s)
+        self.times[rank, 0] = time.monotonic()
+        self.updates[rank] = fn(model, x, y, *self.args, self.seed * 65537 + rank + 1)
+        self.times[rank, 1] = time.monotonic()
+
+    def train_time(self) -> float:
+        """From the first process's start to the last one's end, in seconds."""
+        return float(self.times[:, 1].max() - self.times[:, 0].min())
 
 
 @dataclass

@@ -16,6 +16,12 @@ on one model in shared memory, where each process's shard touches weights of its
 records every forward pass. So the check sees that each process trained the shared model itself
 (not a copy whose change is added later), that both processes' updates reached it, and that the
 processes ran at the same time (no lock around the steps).
+
+8.4 gives the learner's ``hogwild_train`` a worker that records, in shared memory, each process's
+rank, process id and shard, whether all processes ran at once, and that it ended; it marks the
+model, so the check sees a copy trained instead of the shared model, processes never joined, run
+one after another or in this process, shards that are equal, overlap or miss samples, and (in a
+second run, where one process dies) a failure passed over in silence.
 """
 from __future__ import annotations
 
@@ -44,6 +50,11 @@ HINTS = {
 3. For each batch of indices in order.split(batch_size): zero_grad, cross_entropy(model(x[idx]), y[idx]),
    backward, step; count the updates. Return the count.""",
     "8.4": """Step by step:
+1. model.share_memory() moves its weights to shared memory; shards = parallel_sgd.shard_indices(len(x), processes).
+2. ctx = torch.multiprocessing.get_context("spawn"); for each rank r and shard s:
+   ctx.Process(target=worker, args=(r, model, x[s], y[s])). Start them all, then join them all.
+3. Every process's exitcode must be 0: if one is not, raise an error that names the process and its code.""",
+    "8.5": """Step by step:
 1. The proximal term gamma/2 |y - x|^2 has the gradient gamma * (y - x) with respect to y: inner = grad + gamma * (y - x).
 2. At a synchronisation x is pulled towards the replica's own average z with strength gamma and towards the
    replicas' mean z_mean with strength rho: sync = gamma * (x - z) + rho * (x - z_mean).""",
@@ -515,27 +526,142 @@ def check_hogwild_worker(hogwild_worker) -> None:
                "it is ready.")
 
 
-# --- 8.4 Parle's two directions ---------------------------------------------------------------------
+# --- 8.4 the Hogwild processes ----------------------------------------------------------------------
+
+HOGWILD_WAIT_S = 20.0   # how long a process of the check waits for the others to start
+
+
+class _Probe:
+    """The worker the check gives the learner's ``hogwild_train``: in each process it records, in shared
+    memory, the rank it was given, its process id, the samples of its shard (the inputs' first column
+    holds each sample's index), whether all processes were running at once (``wait_for_all``), and
+    that it finished; it adds 1 to row ``rank`` of the model's weight, so the model shows which
+    processes trained the model given rather than a copy. ``fail`` names a rank that dies (exit code 3)."""
+
+    def __init__(self, processes: int, n: int, fail: int | None = None):
+        import os
+
+        self.parent, self.fail, self.wait_s = os.getpid(), fail, HOGWILD_WAIT_S
+        self.ready = torch.zeros(processes, dtype=torch.int32).share_memory_()
+        self.calls = torch.zeros(processes, dtype=torch.int32).share_memory_()
+        self.pids = torch.zeros(processes, dtype=torch.int64).share_memory_()
+        self.met = torch.zeros(processes, dtype=torch.int32).share_memory_()
+        self.done = torch.zeros(processes, dtype=torch.int32).share_memory_()
+        self.seen = torch.zeros(processes, n, dtype=torch.int32).share_memory_()
+
+    def __call__(self, rank, model, x, y):
+        import os
+        import time
+
+        from utils.hogwild import wait_for_all
+
+        if not isinstance(rank, int) or not 0 <= rank < len(self.calls):
+            raise ValueError(f"the worker's first argument is the process's rank, 0 to {len(self.calls) - 1}; got {rank!r}")
+        self.calls[rank] += 1
+        self.pids[rank] = os.getpid()
+        self.seen[rank, x[:, 0].long()] = 1
+        if os.getpid() == self.parent:           # called in the check's own process: no one to wait for
+            return
+        self.met[rank] = int(wait_for_all(self.ready, rank, self.wait_s))
+        with torch.no_grad():
+            model.weight[rank] += 1.0
+        time.sleep(0.2)
+        if rank == self.fail:
+            os._exit(3)                          # dies without a word, as a process killed for memory does
+        self.done[rank] = 1
+
+
+def _hogwild_verdict(probe: _Probe, model: nn.Module, before: torch.Tensor, n: int) -> None:
+    import os
+    import time
+
+    processes = len(probe.calls)
+    if int(probe.calls.sum()) and all(int(pid) in (0, os.getpid()) for pid in probe.pids):
+        expect(False, "8.4: the worker ran in this process: start one process per shard (torch.multiprocessing, "
+                      "spawn method) and let each call the worker; calling it here runs the shards one after another")
+    import multiprocessing
+
+    early = bool(multiprocessing.active_children())          # started, never joined, still running
+    deadline = time.monotonic() + probe.wait_s + 60
+    while multiprocessing.active_children() and time.monotonic() < deadline:   # no process left behind
+        time.sleep(0.05)
+    ranks = probe.calls.tolist()
+    expect(ranks == [1] * processes, f"8.4: the worker was called {sum(ranks)} time(s), with ranks "
+                                     f"{[r for r in range(processes) for _ in range(ranks[r])]}: start {processes} "
+                                     f"processes, process r calling worker(r, model, x_r, y_r) once, r = 0 to "
+                                     f"{processes - 1}")
+    expect(not early, "8.4: your function returned while the processes were still running: wait for every "
+                      "process to end (join) before returning, or the caller reads a model that is still changing")
+    changed = [r for r in range(processes) if torch.allclose(model.weight[r] - before[r], torch.ones_like(before[r]))]
+    expect(len(changed) == processes,
+           f"8.4: the model you were given shows the updates of process(es) {changed} only, of {processes}: each "
+           f"process must train that model itself, in shared memory (nn.Module.share_memory), not a copy of it")
+    shards = [set(torch.nonzero(probe.seen[r]).flatten().tolist()) for r in range(processes)]
+    if all(s == shards[0] for s in shards):
+        expect(False, f"8.4: all {processes} processes got the same " + ("samples, all of them" if len(shards[0]) == n
+               else f"{len(shards[0])} samples") + ": give each process its own shard of the data, a random "
+               f"1/P of it (utils.parallel_sgd.shard_indices), as the workers of section 1 have")
+    overlap = [(a, b) for a in range(processes) for b in range(a + 1, processes) if shards[a] & shards[b]]
+    expect(not overlap, f"8.4: processes {overlap[0] if overlap else ''} share samples: the shards must not overlap")
+    missing = set(range(n)) - set().union(*shards)
+    expect(not missing, f"8.4: {len(missing)} of the {n} samples reached no process: the shards must cover the data")
+    sizes = [len(s) for s in shards]
+    expect(max(sizes) - min(sizes) <= 1, f"8.4: the shards hold {sizes} samples: split the data into {processes} "
+                                         f"nearly equal parts")
+    expect(bool(probe.met.all()), f"8.4: the processes did not all run at the same time (each waited up to "
+                                  f"{probe.wait_s:g} s for the others): they ran one after another. Start them all "
+                                  f"first, then wait for each: Hogwild's processes train together")
+
+
+def check_hogwild_train(hogwild_train) -> None:
+    """Exercise 8.4: ``hogwild_train(model, x, y, processes, worker)`` puts the model in shared memory,
+    starts one process per shard, process r running ``worker(r, model, x_r, y_r)``, waits for all of them
+    and raises if one failed. Run with 2 processes on 23 samples (shards of 12 and 11), then again with one
+    that dies."""
+    import copy
+    import sys
+
+    with exercise("8.4"):
+        for processes, n, fail in ((2, 23, None), (2, 10, 1)):
+            x, _ = _indexed_problem(n, 2, 3, 0)
+            y = torch.zeros(n, dtype=torch.int64)
+            model = nn.Linear(2, processes, bias=False).double()
+            before = copy.deepcopy(model.weight.detach())
+            probe = _Probe(processes, n, fail)
+            try:
+                hogwild_train(model, x, y, processes, probe)
+            except Exception:
+                if fail is None or isinstance(sys.exc_info()[1], NotImplementedError):
+                    raise
+                continue                                      # a process died and the learner's code said so
+            if fail is not None:
+                expect(False, f"8.4: process {fail} died (exit code 3) and your function returned as if all went "
+                              f"well: after waiting for each process, look at its exit code and raise an error "
+                              f"that names the process when it is not 0")
+            _hogwild_verdict(probe, model, before, n)
+
+
+# --- 8.5 Parle's two directions ---------------------------------------------------------------------
 
 
 def check_parle_directions(parle_directions) -> None:
-    """Exercise 8.4: the inner step's and the synchronisation's gradients of Parle, for one tensor."""
-    with exercise("8.4"):
+    """Exercise 8.5: the inner step's and the synchronisation's gradients of Parle, for one tensor."""
+    with exercise("8.5"):
         generator = torch.Generator().manual_seed(11)
         grad, y, x, z, z_mean = (torch.randn(3, 4, generator=generator, dtype=torch.float64) for _ in range(5))
         for gamma, rho in ((0.03, 0.5), (0.0, 0.2), (0.7, 0.0)):
             got = parle_directions(grad.clone(), y.clone(), x.clone(), z.clone(), z_mean.clone(), gamma, rho)
-            expect(isinstance(got, tuple) and len(got) == 2, f"8.4: return the pair (inner, sync), got {type(got).__name__}")
+            expect(isinstance(got, tuple) and len(got) == 2, f"8.5: return the pair (inner, sync), got {type(got).__name__}")
             inner, sync = got
             want_inner = grad + gamma * (y - x)
             want_sync = gamma * (x - z) + rho * (x - z_mean)
             if not torch.allclose(inner, want_inner):
                 flipped = torch.allclose(inner, grad + gamma * (x - y))
-                expect(False, f"8.4 (gamma {gamma}): the inner direction " + (
+                expect(False, f"8.5 (gamma {gamma}): the inner direction " + (
                     "pulls away from x: the gradient of gamma/2 |y - x|^2 with respect to y is gamma (y - x)."
                     if flipped else "should be grad + gamma (y - x): the loss's gradient plus the proximal term's."))
             if not torch.allclose(sync, want_sync):
                 own = torch.allclose(sync, gamma * (x - z) + rho * (x - z))
-                expect(False, f"8.4 (gamma {gamma}, rho {rho}): the synchronisation direction " + (
+                expect(False, f"8.5 (gamma {gamma}, rho {rho}): the synchronisation direction " + (
                     "pulls towards the replica's own average z twice: the elastic term pulls towards the mean "
                     "over the replicas, z_mean." if own else "should be gamma (x - z) + rho (x - z_mean)."))
