@@ -428,6 +428,7 @@ def lars_variant(local_lr=None, dampened=False, lr_in_buffer=True, writes=None, 
         local = trust_coefficient * w_norm / (g_norm + weight_decay * w_norm + eps)
         if local_lr:
             local = local_lr(local, w_norm, norm(g + weight_decay * w), trust_coefficient, eps)
+        local = torch.where((w_norm == 0) | (g_norm == 0), 1.0, local)       # LARS's guard: the one mistake is another
         step = (g + weight_decay * w) * local * (lr if lr_in_buffer else 1) * ((1 - momentum) if dampened else 1)
         if writes == "g":
             g.add_(w, alpha=weight_decay)
