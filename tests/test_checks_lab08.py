@@ -158,6 +158,8 @@ def psgd_variant(model, x, y, comm, average, steps, batch_size, lr, sync_every, 
 
     from utils import parallel_sgd as ps
     rank, size = comm.Get_rank(), comm.Get_size()
+    if mistake == "fails on rank 1" and MPI.COMM_WORLD.Get_rank() == 1:
+        raise ValueError("only on rank 1")
     batches = ps.worker_batches(len(x), 0 if mistake == "same shard" else rank, size, batch_size, seed,
                                 shard=mistake != "all data")
     optimizer = t.optim.SGD(model.parameters(), lr=lr * size if mistake == "lr x size" else lr)
@@ -208,6 +210,13 @@ def test_psgd_right_passes(mpi_workers):
 ])
 def test_psgd_mistakes(mpi_workers, mistake, message):
     assert message in fails(lambda fn: lab08.check_psgd(mpi_workers, fn), psgd_with(mistake), Incorrect)
+
+
+def test_psgd_that_fails_on_one_rank_does_not_hang_the_others(mpi_workers):
+    # MPI's blocking collectives would wait forever for rank 1; the check's averages give up after 10 s
+    message = fails(lambda fn: lab08.check_psgd(mpi_workers, fn), psgd_with("fails on rank 1"), Incorrect)
+    assert "on rank 1" in message and "ValueError: only on rank 1" in message
+    lab08.check_psgd(mpi_workers, psgd_variant)            # and the engines still work
 
 
 def test_psgd_stub(mpi_workers):
