@@ -295,7 +295,8 @@ def hogwild_train_with(mistake=None):
         import torch.multiprocessing as multiprocessing
 
         from utils import parallel_sgd
-        model.share_memory()
+        if mistake != "fork, not shared":
+            model.share_memory()
         if mistake == "all data":                          # torch's spawn helper: process i calls worker(i, ...)
             multiprocessing.spawn(worker, args=(model, x, y), nprocs=processes)
             return
@@ -306,7 +307,7 @@ def hogwild_train_with(mistake=None):
             for rank, s in enumerate(shards):
                 worker(rank, model, x[s], y[s])
             return
-        context = multiprocessing.get_context("spawn")
+        context = multiprocessing.get_context("fork" if mistake == "fork, not shared" else "spawn")
         running = [context.Process(target=worker, args=(rank, copying.deepcopy(model) if mistake == "copies" else model,
                                                         x[s], y[s])) for rank, s in enumerate(shards)]
         for process in running:
@@ -329,6 +330,7 @@ def test_hogwild_train_right_passes():
 
 @pytest.mark.parametrize("mistake, message", [
     ("copies", "shows the updates of process(es) [] only, of 2"),
+    ("fork, not shared", "shows the updates of process(es) [] only, of 2"),   # each child a private copy
     ("not joined", "returned while the processes were still running"),
     ("failure ignored", "process 1 died (exit code 3) and your function returned as if all went well"),
     ("same shard", "all 2 processes got the same 12 samples"),
