@@ -66,6 +66,7 @@ TEMPLATE = """<!DOCTYPE html>
   .reveal .katex-display {{ margin: 0.4em 0; }}
   .reveal table {{ font-size: 0.8em; }}
   .reveal section img.diagram {{ width: 88%; max-height: 480px; }}
+  .reveal section img.run {{ width: 92%; max-height: 400px; }}  /* a lab's recorded figure under one line of text */
   .reveal .algorithm {{ text-align: left; font-size: 0.78em; border: 1px solid #999; padding: 0.4em 0.8em; background: #f7f7f7; }}
 </style>
 </head>
