@@ -160,16 +160,27 @@ def psgd_variant(model, x, y, comm, average, steps, batch_size, lr, sync_every, 
     rank, size = comm.Get_rank(), comm.Get_size()
     if mistake == "fails on rank 1" and MPI.COMM_WORLD.Get_rank() == 1:
         raise ValueError("only on rank 1")
-    batches = ps.worker_batches(len(x), 0 if mistake == "same shard" else rank, size, batch_size, seed,
+    own_seed = {"seed per rank": seed + rank, "seed left out": 0}.get(mistake, seed)
+    batches = ps.worker_batches(len(x), 0 if mistake == "same shard" else rank, size, batch_size, own_seed,
                                 shard=mistake != "all data")
     optimizer = t.optim.SGD(model.parameters(), lr=lr * size if mistake == "lr x size" else lr)
     first = 0 if mistake == "off by one" else 1             # a loop over range(steps), tested with step % K
     for step in range(first, steps + first):
-        idx = next(batches)
+        if mistake == "two batches a step":                # x[next(batches)], y[next(batches)]
+            xb, yb = x[next(batches)], y[next(batches)]
+        else:
+            idx = next(batches)
+            xb, yb = x[idx], y[idx]
         optimizer.zero_grad()
-        t.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
-        due = {"K ignored": True, "not after the last": step % sync_every == 0}.get(
-            mistake, step % sync_every == 0 or step == steps)
+        t.nn.functional.cross_entropy(model(xb), yb, reduction="sum" if mistake == "summed loss" else "mean").backward()
+        if mistake == "K = 1 as gradients" and sync_every == 1:   # "K = 1 is synchronous SGD": no average called
+            for q in model.parameters():
+                comm.Allreduce(MPI.IN_PLACE, q.grad.numpy(), op=MPI.SUM)
+                q.grad /= size
+            optimizer.step()
+            continue
+        due = {"K ignored": True, "not after the last": step % sync_every == 0,
+               "again after the loop": step % sync_every == 0}.get(mistake, step % sync_every == 0 or step == steps)
         if mistake == "no one-shot":                       # "one-shot means no communication"
             due = due and sync_every < steps
         if mistake == "gradients":                         # synchronous SGD's all-reduce, every K steps
@@ -182,6 +193,8 @@ def psgd_variant(model, x, y, comm, average, steps, batch_size, lr, sync_every, 
         optimizer.step()
         if due:
             average(model, comm)
+    if mistake == "again after the loop":                  # twice after the last step when K divides the steps
+        average(model, comm)
 
 
 def psgd_with(mistake):
@@ -207,6 +220,13 @@ def test_psgd_right_passes(mpi_workers):
     ("all data", "belong to other workers' shards"),
     ("same shard", "you and worker(s) [1, 2] trained on the same samples"),
     ("lr x size", "SGD with learning rate 0.111 (lr x size), but the caller asked for lr = 0.037"),
+    # found by an outside review: each passed, or failed with a message that named another mistake
+    ("summed loss", "the loss summed over the batch"),       # at batch 3 on 3 ranks it read as "lr x size"
+    ("seed per rank", "worker 1's shard comes from the seed 5 (the seed plus its rank)"),
+    ("seed left out", "the one of seed 0: pass the seed you were given (seed = 4)"),
+    ("two batches a step", "step 2 took samples"),           # the message named step 1, whose samples were right
+    ("again after the loop", "you averaged more than once after step(s) [3]"),   # it said "off by one"
+    ("K = 1 as gradients", "called comm.Allreduce on the gradients"),            # sync_every = 1 was never run
 ])
 def test_psgd_mistakes(mpi_workers, mistake, message):
     assert message in fails(lambda fn: lab08.check_psgd(mpi_workers, fn), psgd_with(mistake), Incorrect)

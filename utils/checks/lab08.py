@@ -4,8 +4,8 @@
 weights differ by rank (two dtypes, float buffers, a BatchNorm's integer step counter), on all ranks
 and on a sub-communicator, and refuses mpi4py's pickle-based lower-case methods.
 
-8.2 runs the learner's PSGD loop on the MPI engines, every rank at once (all ranks, then a
-sub-communicator), on a model that records the samples of every step, with an ``average`` that
+8.2 runs the learner's PSGD loop on the MPI engines, every rank at once (all ranks with K = 3 and K = 1,
+then one-shot on a sub-communicator), on a model that records the samples of every step, with an ``average`` that
 records when it is called and a communicator that records every collective the loop calls itself.
 It compares the weights with ``utils.parallel_sgd.local_sgd`` and names the usual mistakes: averages
 at the wrong steps, gradients averaged, the wrong shard or all the data, another learning rate.
@@ -250,6 +250,11 @@ def _averages_message(got: list, steps: int, sync_every: int) -> str | None:
     if got == want:
         return None
     every = f"every {sync_every} steps" + (" (one-shot: sync_every = steps)" if sync_every >= steps else "")
+    twice = sorted({s for s in got if got.count(s) > 1})
+    if twice:
+        return (f"you averaged more than once after step(s) {twice} (after steps {got}): average once after every "
+                f"sync_every-th step and once after the last, after steps {want}; when sync_every divides the steps "
+                f"the last step is one of them, and a second average only repeats the all-reduces.")
     if not got:
         return (f"your loop never called average(model, comm) ({every}, {steps} steps): it must average after "
                 f"steps {want}" + (", once, after the last step" if sync_every >= steps else "")
@@ -324,7 +329,8 @@ def _psgd_job(psgd, n, steps, batch_size, lr, sync_every, seed, split):
 
         # The references, every rank in the same order (they are collectives), before any verdict.
         references = {}
-        for label, rate in (("right", lr), ("lr x size", lr * size), ("lr / size", lr / size), ("0.1", 0.1)):
+        for label, rate in (("right", lr), ("lr x size", lr * size), ("lr / size", lr / size), ("0.1", 0.1),
+                            ("summed", lr * batch_size)):
             reference = copy.deepcopy(start)
             parallel_sgd.local_sgd(reference, x, y, steps=steps, batch_size=batch_size, lr=rate, sync_every=sync_every,
                                    average=lambda m: _average_timed(m, comm, f"{where}, the check's reference"), rank=me,
@@ -347,6 +353,19 @@ def _psgd_job(psgd, n, steps, batch_size, lr, sync_every, seed, split):
         mine, seen = set(shards[me].tolist()), {i for batch in model.batches for i in batch}
         _waited(comm.Ibarrier(), f"{where}, after your loop")
         everyone = comm.allgather(seen)         # every rank is here: no wait
+        within = lambda r, partition_seed: everyone[r] <= set(parallel_sgd.shard_indices(n, size, partition_seed)[r].tolist())
+        for r in range(size):             # every rank gives the same verdict on worker r
+            if within(r, seed):
+                continue
+            if seed != 0 and within(r, 0):
+                raise Wrong(f"{where}: worker {r} trained on its shard of another partition, the one of seed 0: pass "
+                            f"the seed you were given (seed = {seed}) to worker_batches; it makes the partition, the "
+                            f"same on every worker")
+            if r != 0 and within(r, seed + r):
+                raise Wrong(f"{where}: worker {r}'s shard comes from the seed {seed + r} (the seed plus its rank): every "
+                            f"worker must pass the same seed to worker_batches, so that they cut the data into one "
+                            f"partition (it gives each worker its own order from its rank itself); with a seed per "
+                            f"worker the shards overlap")
         if not seen <= mine:
             raise Wrong(f"{where}: {len(seen - mine)} of the samples you trained on belong to other workers' shards "
                         f"(all the data?): each worker reads only its own shard, a random 1/P of the data "
@@ -362,15 +381,22 @@ def _psgd_job(psgd, n, steps, batch_size, lr, sync_every, seed, split):
             raise Wrong(f"{where}: {message}")
         want_batches = references["right"][1].batches
         if model.batches != want_batches:
+            first = next(i for i, (a, b) in enumerate(zip(model.batches, want_batches)) if a != b)
             raise Wrong(f"{where}: your batches are not those of parallel_sgd.worker_batches(len(x), rank, size, "
-                        f"batch_size, seed): step 1 took samples {model.batches[0]}, it gives {want_batches[0]}. "
-                        f"Take one batch of indices from it per step, in its order, with the seed you were given")
+                        f"batch_size, seed): step {first + 1} took samples {model.batches[first]}, it gives "
+                        f"{want_batches[first]}. Make one worker_batches for the whole loop (it reshuffles the shard "
+                        f"every epoch itself) and take one batch of indices from it per step, for the inputs and the "
+                        f"labels together, in its order, with the seed you were given")
         got = model.layer.weight.detach()
         close = lambda ref: torch.allclose(got, ref.layer.weight.detach(), rtol=0, atol=1e-10) and \
             torch.allclose(model.layer.bias.detach(), ref.layer.bias.detach(), rtol=0, atol=1e-10)
         if close(references["right"][1]):
             return True
         for label, (rate, reference) in references.items():
+            if label == "summed" and close(reference):
+                raise Wrong(f"{where}: your weights are those of SGD on the loss summed over the batch, which is "
+                            f"batch_size = {batch_size} times the mean (as if lr were {rate:g}): use cross_entropy's "
+                            f"mean over the batch (its default reduction), as the lr given assumes")
             if label != "right" and close(reference):
                 raise Wrong(f"{where}: your weights are those of SGD with learning rate {rate:g} ({label}), but the "
                             f"caller asked for lr = {lr:g}: use the lr you are given, as it is (the lab scales it "
@@ -386,12 +412,15 @@ def _psgd_job(psgd, n, steps, batch_size, lr, sync_every, seed, split):
 def check_psgd(workers, psgd) -> None:
     """Exercise 8.2: the learner's ``psgd_loop(model, x, y, comm, average, steps, batch_size, lr, sync_every, seed)``
     on every MPI engine at once: a period that does not divide the steps, on all ranks; one-shot on a
-    sub-communicator (2 engines: one rank each; 3 or more: even and odd ranks); shards of unequal sizes."""
+    sub-communicator (2 engines: one rank each; 3 or more: even and odd ranks); synchronous SGD
+    (sync_every = 1) on all ranks; shards of unequal sizes, a batch size other than the number of ranks."""
     name = "8.2"
     with exercise(name):
         prepare(workers, psgd, name)
-        run_case(workers, name, _psgd_job, psgd, (29, 7, 3, 0.037, 3, 4, False),
-                 f"{workers.n} ranks, 29 samples, 7 steps of 3 samples, an average every 3 steps")
+        run_case(workers, name, _psgd_job, psgd, (29, 7, 4, 0.037, 3, 4, False),
+                 f"{workers.n} ranks, 29 samples, 7 steps of 4 samples, an average every 3 steps")
+        run_case(workers, name, _psgd_job, psgd, (17, 3, 2, 0.05, 1, 2, False),
+                 f"{workers.n} ranks, synchronous SGD (sync_every = 1), 3 steps of 2 samples")
         run_case(workers, name, _psgd_job, psgd, (23, 5, 2, 0.05, 5, 1, True),
                  "one-shot averaging (sync_every = steps = 5) on a sub-communicator made by comm.Split")
 
