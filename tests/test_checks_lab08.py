@@ -308,7 +308,10 @@ def test_hogwild_worker_that_locks_every_step_fails(tmp_path):
 
 # --- 8.4 the Hogwild processes --------------------------------------------------------------------------
 
-def hogwild_train_with(mistake=None):
+def hogwild_train_with(mistake=None, start="spawn"):
+    """``start``: the start method of the processes; the mistakes found in review run forked, which takes
+    well under a second where spawning three processes (each importing torch) takes several; the check
+    names the fork last, after every other mistake."""
     def hogwild_train(model, x, y, processes, worker):
         import copy as copying
 
@@ -317,19 +320,28 @@ def hogwild_train_with(mistake=None):
         from utils import parallel_sgd
         if mistake != "fork, not shared":
             model.share_memory()
+        if mistake == "two processes":                     # written for a 2-core laptop
+            processes = 2
         if mistake == "all data":                          # torch's spawn helper: process i calls worker(i, ...)
             multiprocessing.spawn(worker, args=(model, x, y), nprocs=processes)
             return
         shards = parallel_sgd.shard_indices(len(x), processes)
+        if mistake == "consecutive blocks":
+            shards = list(torch.arange(len(x)).tensor_split(processes))
         if mistake == "same shard":
             shards = [shards[0]] * processes
         if mistake == "in this process":
             for rank, s in enumerate(shards):
                 worker(rank, model, x[s], y[s])
             return
-        context = multiprocessing.get_context("fork" if mistake == "fork, not shared" else "spawn")
-        running = [context.Process(target=worker, args=(rank, copying.deepcopy(model) if mistake == "copies" else model,
-                                                        x[s], y[s])) for rank, s in enumerate(shards)]
+        context = multiprocessing.get_context("fork" if mistake == "fork, not shared" else start)
+
+        def args(rank, s):
+            if mistake == "arguments in another order":
+                return model, rank, x[s], y[s]
+            return (rank, copying.deepcopy(model) if mistake == "copies" else model, x[s],
+                    y if mistake == "all the labels" else y[s])
+        running = [context.Process(target=worker, args=args(rank, s)) for rank, s in enumerate(shards)]
         for process in running:
             process.start()
             if mistake == "one after another":
@@ -338,7 +350,13 @@ def hogwild_train_with(mistake=None):
             return
         for process in running:
             process.join()
+        if mistake == "last exit code only":               # the loop's variable after the loop: the last process
+            if process.exitcode != 0:
+                raise RuntimeError(f"a process failed with exit code {process.exitcode}")
+            return
         failed = [rank for rank, process in enumerate(running) if process.exitcode != 0]
+        if failed and mistake == "error names no process":
+            raise RuntimeError("Hogwild failed")
         if failed and mistake != "failure ignored":
             raise RuntimeError(f"process(es) {failed} failed")
     return hogwild_train
@@ -348,17 +366,39 @@ def test_hogwild_train_right_passes():
     lab08.check_hogwild_train(hogwild_train_with())
 
 
-@pytest.mark.parametrize("mistake, message", [
-    ("copies", "shows the updates of process(es) [] only, of 2"),
-    ("fork, not shared", "shows the updates of process(es) [] only, of 2"),   # each child a private copy
-    ("not joined", "returned while the processes were still running"),
-    ("failure ignored", "process 1 died (exit code 3) and your function returned as if all went well"),
-    ("same shard", "all 2 processes got the same 12 samples"),
-    ("all data", "all 2 processes got the same samples, all of them"),
-    ("in this process", "the worker ran in this process"),
+@pytest.mark.parametrize("mistake, start, message", [
+    # start: the mistakes that do not depend on the start method run forked (well under a second; spawning
+    # three processes that each import torch takes several); the check names a fork after all else
+    ("copies", "fork", "shows the updates of process(es) [] only, of 3"),
+    ("fork, not shared", "fork", "shows the updates of process(es) [] only, of 3"),   # each child a private copy
+    ("not joined", "fork", "returned while the processes were still running"),
+    ("failure ignored", "spawn", "process 1 died (exit code 3) and your function returned as if all went well"),
+    ("same shard", "fork", "all 3 processes got the same 8 samples"),
+    ("all data", "spawn", "all 3 processes got the same samples, all of them"),
+    ("in this process", "spawn", "the worker ran in this process"),
 ])
-def test_hogwild_train_mistakes(mistake, message):
-    assert message in fails(lab08.check_hogwild_train, hogwild_train_with(mistake), Incorrect)
+def test_hogwild_train_mistakes(mistake, start, message):
+    assert message in fails(lab08.check_hogwild_train, hogwild_train_with(mistake, start), Incorrect)
+
+
+@pytest.mark.parametrize("mistake, message", [
+    # found by an outside review, each passed: the check ran 2 processes, the second one dying
+    ("last exit code only", "process 1 died (exit code 3) and your function returned as if all went well"),
+    ("all the labels", "process(es) [0, 1, 2] got labels that are not those of their inputs"),
+    ("consecutive blocks", "each process got a block of consecutive samples"),
+    ("error names no process", "which does not say which process"),
+    (None, "process(es) [0, 1, 2] were forked"),             # share_memory() right, but the default start method
+    # failed with the learner's own error only, the process's error being on its stderr
+    ("arguments in another order", "a process called worker(Linear, int, Tensor, Tensor)"),
+])
+def test_hogwild_train_mistakes_found_in_review(mistake, message):
+    assert message in fails(lab08.check_hogwild_train, hogwild_train_with(mistake, start="fork"), Incorrect)
+
+
+def test_hogwild_train_for_two_processes_only_fails(monkeypatch):
+    monkeypatch.setattr(lab08, "HOGWILD_WAIT_S", 1.0)    # the third process never comes: wait 1 s for it
+    message = fails(lab08.check_hogwild_train, hogwild_train_with("two processes", start="fork"), Incorrect)
+    assert "called 2 time(s), with ranks [0, 1]: start 3 processes" in message
 
 
 def test_hogwild_train_one_process_after_another_fails(monkeypatch):

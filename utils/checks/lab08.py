@@ -18,10 +18,12 @@ records every forward pass. So the check sees that each process trained the shar
 processes ran at the same time (no lock around the steps).
 
 8.4 gives the learner's ``hogwild_train`` a worker that records, in shared memory, each process's
-rank, process id and shard, whether all processes ran at once, and that it ended; it marks the
-model, so the check sees a copy trained instead of the shared model, processes never joined, run
-one after another or in this process, shards that are equal, overlap or miss samples, and (in a
-second run, where one process dies) a failure passed over in silence.
+rank, process id, shard and labels, whether all processes ran at once, whether it was forked, and that
+it ended; it marks the model, so the check sees a copy trained instead of the shared model, processes
+never joined, run one after another or in this process, shards that are equal, overlap, miss samples,
+are consecutive blocks or come without their own labels, a number of processes other than the one asked,
+and (in a second run of 3 processes, where the middle one dies) a failure passed over in silence, or
+raised without naming the process. Forked processes are named last.
 """
 from __future__ import annotations
 
@@ -563,9 +565,12 @@ HOGWILD_WAIT_S = 20.0   # how long a process of the check waits for the others t
 class _Probe:
     """The worker the check gives the learner's ``hogwild_train``: in each process it records, in shared
     memory, the rank it was given, its process id, the samples of its shard (the inputs' first column
-    holds each sample's index), whether all processes were running at once (``wait_for_all``), and
-    that it finished; it adds 1 to row ``rank`` of the model's weight, so the model shows which
-    processes trained the model given rather than a copy. ``fail`` names a rank that dies (exit code 3)."""
+    holds each sample's index), whether its labels are those of its inputs (the labels hold the same
+    indices), whether it came by pickling (spawn, forkserver) or was inherited by a forked process, whether
+    all processes were running at once (``wait_for_all``), and that it finished; it adds 1 to row ``rank`` of
+    the model's weight, so the model shows which processes trained the model given rather than a copy.
+    ``fail`` names a rank that dies (exit code 3). A first argument that is not a rank is described in
+    ``complaint`` (the process's own error goes to its stderr, which a notebook does not show)."""
 
     def __init__(self, processes: int, n: int, fail: int | None = None):
         import os
@@ -577,6 +582,16 @@ class _Probe:
         self.met = torch.zeros(processes, dtype=torch.int32).share_memory_()
         self.done = torch.zeros(processes, dtype=torch.int32).share_memory_()
         self.seen = torch.zeros(processes, n, dtype=torch.int32).share_memory_()
+        self.labels = torch.zeros(processes, dtype=torch.int32).share_memory_()    # 1: its own, 2: others'
+        self.forked = torch.zeros(processes, dtype=torch.int32).share_memory_()
+        self.complaint = torch.zeros(400, dtype=torch.uint8).share_memory_()
+        self.travelled = False       # set in the copy a process unpickles; a forked process inherits this one
+
+    def __getstate__(self):
+        return dict(self.__dict__, travelled=True)
+
+    def complained(self) -> str:
+        return bytes(self.complaint.tolist()).rstrip(b"\0").decode(errors="replace")
 
     def __call__(self, rank, model, x, y):
         import os
@@ -585,10 +600,16 @@ class _Probe:
         from utils.hogwild import wait_for_all
 
         if not isinstance(rank, int) or not 0 <= rank < len(self.calls):
-            raise ValueError(f"the worker's first argument is the process's rank, 0 to {len(self.calls) - 1}; got {rank!r}")
+            message = (f"a process called worker({', '.join(type(a).__name__ for a in (rank, model, x, y))}) with "
+                       f"{str(rank)[:40]!r} first: the worker's arguments are (rank, model, x_r, y_r), the rank "
+                       f"0 to {len(self.calls) - 1}").encode()[:len(self.complaint)]
+            self.complaint[:len(message)] = torch.tensor(list(message), dtype=torch.uint8)
+            raise ValueError(message.decode(errors="replace"))
         self.calls[rank] += 1
         self.pids[rank] = os.getpid()
         self.seen[rank, x[:, 0].long()] = 1
+        self.labels[rank] = 1 if len(y) == len(x) and torch.equal(y, x[:, 0].long()) else 2
+        self.forked[rank] = int(not self.travelled)
         if os.getpid() == self.parent:           # called in the check's own process: no one to wait for
             return
         self.met[rank] = int(wait_for_all(self.ready, rank, self.wait_s))
@@ -600,7 +621,9 @@ class _Probe:
         self.done[rank] = 1
 
 
-def _hogwild_verdict(probe: _Probe, model: nn.Module, before: torch.Tensor, n: int) -> None:
+def _hogwild_verdict(probe: _Probe, model: nn.Module, before: torch.Tensor, n: int) -> list:
+    """Fails the check on a mistake of this run; returns the ranks of the processes that were forked (named
+    after every other mistake of every run)."""
     import os
     import time
 
@@ -625,6 +648,9 @@ def _hogwild_verdict(probe: _Probe, model: nn.Module, before: torch.Tensor, n: i
     expect(len(changed) == processes,
            f"8.4: the model you were given shows the updates of process(es) {changed} only, of {processes}: each "
            f"process must train that model itself, in shared memory (nn.Module.share_memory), not a copy of it")
+    mixed = [r for r in range(processes) if probe.labels[r] != 1]
+    expect(not mixed, f"8.4: process(es) {mixed} got labels that are not those of their inputs (all of y, or "
+                      f"another shard's): give process r x[s] and y[s] with the same shard s")
     shards = [set(torch.nonzero(probe.seen[r]).flatten().tolist()) for r in range(processes)]
     if all(s == shards[0] for s in shards):
         expect(False, f"8.4: all {processes} processes got the same " + ("samples, all of them" if len(shards[0]) == n
@@ -635,39 +661,58 @@ def _hogwild_verdict(probe: _Probe, model: nn.Module, before: torch.Tensor, n: i
     missing = set(range(n)) - set().union(*shards)
     expect(not missing, f"8.4: {len(missing)} of the {n} samples reached no process: the shards must cover the data")
     sizes = [len(s) for s in shards]
+    blocks = [sorted(s) == list(range(min(s), max(s) + 1)) for s in shards if s]
+    expect(not all(blocks), f"8.4: each process got a block of consecutive samples ({[f'{min(s)}-{max(s)}' for s in shards]}): "
+                            f"a data set stored in some order (by class, by source) would give each process a "
+                            f"different part of the problem; take a random 1/P with "
+                            f"utils.parallel_sgd.shard_indices, as section 1 does")
     expect(max(sizes) - min(sizes) <= 1, f"8.4: the shards hold {sizes} samples: split the data into {processes} "
                                          f"nearly equal parts")
     expect(bool(probe.met.all()), f"8.4: the processes did not all run at the same time (each waited up to "
                                   f"{probe.wait_s:g} s for the others): they ran one after another. Start them all "
                                   f"first, then wait for each: Hogwild's processes train together")
+    return [r for r in range(processes) if probe.forked[r]]
 
 
 def check_hogwild_train(hogwild_train) -> None:
     """Exercise 8.4: ``hogwild_train(model, x, y, processes, worker)`` puts the model in shared memory,
     starts one process per shard, process r running ``worker(r, model, x_r, y_r)``, waits for all of them
-    and raises if one failed. Run with 2 processes on 23 samples (shards of 12 and 11), then again with one
-    that dies."""
+    and raises an error that names a failed one. Run with 3 processes on 23 samples (shards of 8, 8 and 7),
+    then again with the middle one dying (so reading only the first or the last exit code is not enough)."""
     import copy
-    import sys
+    import re
 
     with exercise("8.4"):
-        for processes, n, fail in ((2, 23, None), (2, 10, 1)):
+        forked = []
+        for processes, n, fail in ((3, 23, None), (3, 12, 1)):
             x, _ = _indexed_problem(n, 2, 3, 0)
-            y = torch.zeros(n, dtype=torch.int64)
+            y = torch.arange(n)                               # the labels hold the samples' indices too
             model = nn.Linear(2, processes, bias=False).double()
             before = copy.deepcopy(model.weight.detach())
             probe = _Probe(processes, n, fail)
             try:
                 hogwild_train(model, x, y, processes, probe)
-            except Exception:
-                if fail is None or isinstance(sys.exc_info()[1], NotImplementedError):
+            except Exception as error:
+                if isinstance(error, NotImplementedError):
                     raise
+                expect(not probe.complained(), f"8.4: {probe.complained()} (your function then raised "
+                                               f"{type(error).__name__}: {error})")
+                if fail is None:
+                    raise
+                named = {str(fail), str(int(probe.pids[fail])), "3"} & set(re.findall(r"\d+", str(error)))
+                expect(bool(named), f"8.4: process {fail} died (exit code 3) and your function raised "
+                                    f"{type(error).__name__}({str(error)!r}), which does not say which process: name "
+                                    f"its rank and exit code, so that the reader knows where to look")
                 continue                                      # a process died and the learner's code said so
             if fail is not None:
                 expect(False, f"8.4: process {fail} died (exit code 3) and your function returned as if all went "
                               f"well: after waiting for each process, look at its exit code and raise an error "
                               f"that names the process when it is not 0")
-            _hogwild_verdict(probe, model, before, n)
+            forked = forked or _hogwild_verdict(probe, model, before, n)
+        expect(not forked, f"8.4: process(es) {forked} were forked (multiprocessing's default start method on Linux "
+                           f"before Python 3.14, or get_context('fork')): a forked child inherits the notebook's "
+                           f"threads and locks, unsafe with torch's thread pools (Python itself starts with spawn on "
+                           f"macOS); use torch.multiprocessing.get_context('spawn') and its Process")
 
 
 # --- 8.5 Parle's two directions ---------------------------------------------------------------------
