@@ -123,6 +123,17 @@ def into_a_copy(model, comm):
 
 
 @interactive
+def float32_only(model, comm):
+    import torch as t
+    from mpi4py import MPI
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        if tensor.dtype == t.float32:
+            values = tensor.detach().numpy()
+            comm.Allreduce(MPI.IN_PLACE, values, op=MPI.SUM)
+            values /= comm.Get_size()
+
+
+@interactive
 def stub_average(model, comm):
     raise NotImplementedError("Hint: x")
 
@@ -139,8 +150,10 @@ def test_average_right_passes(mpi_workers):
     (pickled, "you called comm.allreduce, mpi4py's lower-case method"),
     (reduced_to_root, "rank 1: scale is unchanged"),
     (parameters_only, "running is unchanged"),
-    (into_a_copy, "rank 0: scale is unchanged"),
-], ids=["sum", "divisor 2", "COMM_WORLD", "integer buffer", "pickled allreduce", "Reduce", "no buffers", "a copy"])
+    (into_a_copy, "rank 0: scale is unchanged ("),
+    (float32_only, "you picked the tensors by their dtype"),     # found in review: it was told of copies and Reduce
+], ids=["sum", "divisor 2", "COMM_WORLD", "integer buffer", "pickled allreduce", "Reduce", "no buffers", "a copy",
+        "float32 only"])
 def test_average_mistakes(mpi_workers, wrong, message):
     assert message in fails(lambda fn: lab08.check_average(mpi_workers, fn), wrong, Incorrect)
 

@@ -154,6 +154,16 @@ def _average_job(average_weights, world_size_expected, split):
             if abs(divisor - round(divisor)) < 1e-6 and torch.allclose(ratio, ratio[0]) and round(divisor) != len(members):
                 raise Wrong(f"rank {rank}: {name} holds the sum divided by {round(divisor)}, {where}, whose size is "
                             f"{len(members)}: divide by comm.Get_size(), not by a number")
+            averaged = lambda key: torch.allclose(mine.state_dict()[key].double(), torch.stack(
+                [states[r][key].double() for r in members]).mean(0), rtol=1e-6, atol=1e-6)
+            floats = {key: t for key, t in mine.state_dict().items() if t.is_floating_point()}
+            others = [key for key, t in floats.items() if t.dtype != got.dtype]
+            alike_unchanged = all(torch.equal(t, states[rank][key]) for key, t in floats.items() if t.dtype == got.dtype)
+            if alike_unchanged and others and all(averaged(key) for key in others):     # chosen by dtype
+                raise Wrong(f"rank {rank}: {name} ({got.dtype}) is unchanged, while {others[0]} "
+                            f"({mine.state_dict()[others[0]].dtype}) "
+                            f"is averaged: you picked the tensors by their dtype. Every floating-point dtype counts: "
+                            f"test tensor.is_floating_point()")
             if torch.equal(got, before):
                 raise Wrong(f"rank {rank}: {name} is unchanged ({where}). Every rank must end with the mean of every "
                             f"parameter and floating-point buffer: Allreduce leaves the result on every rank (Reduce "
