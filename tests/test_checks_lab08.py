@@ -439,7 +439,9 @@ def test_parle_directions_right_passes():
     (lambda g, y, x, z, zm, gamma, rho: (g + gamma * (y - x), gamma * (x - z) + rho * (x - z)), "own average z twice"),
     (lambda g, y, x, z, zm, gamma, rho: (g + gamma * (y - x), (x - z) + rho * (x - zm)), "should be gamma (x - z)"),
     (lambda g, y, x, z, zm, gamma, rho: g + gamma * (y - x), "return the pair"),
-], ids=["proximal sign", "elastic to own z", "no gamma at sync", "one direction"])
+    (lambda g, y, x, z, zm, gamma, rho: ((g + gamma * (y - x)).float(), (gamma * (x - z) + rho * (x - zm)).float()),
+     "return two tensors of the inputs' dtype and shape (torch.float64, (3, 4)), got torch.float32"),   # found in review
+], ids=["proximal sign", "elastic to own z", "no gamma at sync", "one direction", "float32"])
 def test_parle_directions_mistakes(wrong, message):
     assert message in fails(lab08.check_parle_directions, wrong, Incorrect)
 

@@ -737,6 +737,10 @@ def check_parle_directions(parle_directions) -> None:
             got = parle_directions(grad.clone(), y.clone(), x.clone(), z.clone(), z_mean.clone(), gamma, rho)
             expect(isinstance(got, tuple) and len(got) == 2, f"8.5: return the pair (inner, sync), got {type(got).__name__}")
             inner, sync = got
+            expect(all(isinstance(t, torch.Tensor) and t.dtype == grad.dtype and t.shape == grad.shape for t in got),
+                   f"8.5: return two tensors of the inputs' dtype and shape ({grad.dtype}, {tuple(grad.shape)}), got "
+                   + ", ".join(f"{t.dtype}, {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+                               for t in got) + " (a conversion, or a reduction such as .sum(), changes them)")
             want_inner = grad + gamma * (y - x)
             want_sync = gamma * (x - z) + rho * (x - z_mean)
             if not torch.allclose(inner, want_inner):
