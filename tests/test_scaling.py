@@ -70,6 +70,43 @@ def test_time_scaling_times_every_k_on_the_ranks_that_take_part():
             assert value["ddp"] > 0 and value["compute"] > 0
 
 
+def _shared_routine_job(rank, world_size):
+    import functools
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    from utils.models import MLP
+
+    def seen(label, group, model, x, y):
+        torch.manual_seed(0)
+        fresh = MLP(n_layers=2, d_in=6, d_hidden=5, n_classes=3)
+        return {"rows": len(x), "x_sum": float(x.sum()), "labels": y.tolist(), "group_size": group.size(),
+                "bare": not isinstance(model, DistributedDataParallel),
+                "stepped": any(not torch.equal(p, q) for p, q in zip(model.parameters(), fresh.parameters()))}
+
+    build = functools.partial(MLP, n_layers=2, d_in=6, d_hidden=5, n_classes=3)
+    workloads = {"fixed": scaling.Workload(build, (6,), 3, lambda k: 4),
+                 "shrinking": scaling.Workload(build, (6,), 3, lambda k: 12 // k)}
+    timings = scaling.time_ddp_against_bare(workloads, "cpu", warmup=0, repeats=1, more=seen)
+    return {f"{label}/{k}": value for (label, k), value in timings.items()}
+
+
+def test_time_ddp_against_bare_hands_labs_the_stepped_model_and_each_ranks_own_batch():
+    """What labs 04 and 06 add (buckets, all-reduce, per-rank batch) is measured on the bare model the two
+    timings stepped, on k ranks, with this rank's batch: the same samples at every k, other ranks' differ."""
+    per_rank = run_ranks(_shared_routine_job, 3, deadline_s=120)
+    for rank, timings in enumerate(per_rank):
+        assert sorted(timings) == sorted(f"{label}/{k}" for label in ("fixed", "shrinking") for k in range(rank + 1, 4))
+        for key, value in timings.items():
+            label, k = key.split("/")
+            assert list(value)[:2] == ["ddp", "compute"] and value["ddp"] > 0 and value["compute"] > 0
+            assert value["group_size"] == int(k) and value["bare"] and value["stepped"], key
+            assert value["rows"] == (4 if label == "fixed" else 12 // int(k)), key
+        fixed = {(v["x_sum"], tuple(v["labels"])) for key, v in timings.items() if key.startswith("fixed/")}
+        assert len(fixed) == 1, f"rank {rank} stepped on different samples at different k"
+    assert len({per_rank[r]["fixed/3"]["x_sum"] for r in range(3)}) == 3, "ranks stepped on the same samples"
+
+
 def test_gpu_speed_refuses_a_cpu():
     with pytest.raises(ValueError, match="CUDA GPU"):
         gpu_speed.wrn_settings(torch.device("cpu"))

@@ -2,22 +2,25 @@
 Taught in lab 04 (section 4).
 
 ``time_ddp_steps`` runs on every engine at once. For each k = 1 .. world size, on ranks 0 .. k-1
-together (the others wait at a barrier), it times a DDP step on a subgroup of k ranks, the same step
-on the bare model (the computation alone: no hooks, no all-reduce) and one all-reduce of a tensor as
-large as all the gradients (with ``utils.scaling``'s ``on_subgroups``, ``ddp_step_ms`` and
-``median_ms``, which time lab 06's scaling too), and it records the buckets DDP all-reduces in a step (a communication hook
-that notes each bucket's size). ``one_process_ms`` times the alternative in the notebook: one process
-computing the same global batch. ``predict`` gives each step's buckets and all-reduce time from lab
-03's alpha-beta model (``utils.scaling``, which lab 06 uses too).
+together (the others wait at a barrier), it times a DDP step on a subgroup of k ranks and the same step
+on the bare model (the computation alone: no hooks, no all-reduce), with ``utils.scaling``'s
+``time_ddp_against_bare``, which times lab 06's scaling too; it adds one all-reduce of a tensor as
+large as all the gradients (``utils.perf.median_ms``) and records the buckets DDP all-reduces in a
+step (a communication hook that notes each bucket's size). ``one_process_ms`` times the alternative in
+the notebook: one process computing the same global batch. ``predict`` gives each step's buckets and
+all-reduce time from lab 03's alpha-beta model (``utils.scaling``, which lab 06 uses too).
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from . import models
-from .scaling import ddp_bucket_bytes, ddp_step_ms, median_ms, on_subgroups, predicted_comm_seconds, train_step
+from .perf import median_ms
+from .scaling import Workload, ddp_bucket_bytes, predicted_comm_seconds, time_ddp_against_bare, train_step
 
 
 def gradient_bytes(model: torch.nn.Module) -> list[int]:
@@ -58,25 +61,19 @@ def time_ddp_steps(workloads: dict, per_rank_batch: int, device, *, warmup: int 
     Times are this rank's medians; a step of k ranks is as slow as the slowest, so take the maximum
     over ranks (``slowest``). Every rank must call it, with the same arguments.
     """
-    rank = dist.get_rank()
+    device = torch.device(device)
 
-    def measure(k, group):
-        timings = {}
-        for name, cfg in workloads.items():
-            g = torch.Generator().manual_seed(rank)
-            x = torch.randn(per_rank_batch, cfg["d_in"], generator=g).to(device)
-            y = torch.randint(0, cfg["n_classes"], (per_rank_batch,), generator=g).to(device)
-            torch.manual_seed(0)
-            net = models.MLP(**cfg).to(device)
-            grads = torch.zeros(sum(q.numel() for q in net.parameters()), device=device)
-            timings[name] = dict(**ddp_step_ms(net, x, y, group, device, warmup=warmup, repeats=repeats),
-                                 all_reduce=median_ms(lambda: dist.all_reduce(grads, group=group), device,
-                                                      group=group, warmup=warmup, repeats=repeats),
-                                 grad_bytes=gradient_bytes(net),
-                                 buckets=_buckets_launched(cfg, x, y, group, device))
-        return timings
+    def all_reduce_and_buckets(name, group, net, x, y):
+        grads = torch.zeros(sum(q.numel() for q in net.parameters()), device=device)
+        return dict(all_reduce=median_ms(lambda: dist.all_reduce(grads, group=group), device,
+                                         group=group, warmup=warmup, repeats=repeats),
+                    grad_bytes=gradient_bytes(net),
+                    buckets=_buckets_launched(workloads[name], x, y, group, device))
 
-    return on_subgroups(measure)
+    mlps = {name: Workload(functools.partial(models.MLP, **cfg), (cfg["d_in"],), cfg["n_classes"],
+                           lambda k: per_rank_batch)
+            for name, cfg in workloads.items()}
+    return time_ddp_against_bare(mlps, device, warmup=warmup, repeats=repeats, more=all_reduce_and_buckets)
 
 
 def slowest(per_rank: list[dict]) -> dict:

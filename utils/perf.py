@@ -1,13 +1,16 @@
 """Counting the work in a step, measuring how fast this machine can do it, and the course's one timer.
 
-Taught in labs/01_mlp_cpu.ipynb ("Cost of a step"); ``synchronize`` and ``best_ms`` time GPU work
-everywhere in the library (lab 02 explains why the clock must wait for the device).
+Taught in labs/01_mlp_cpu.ipynb ("Cost of a step"). ``elapsed_ms`` is the one clock (it waits for the
+device: lab 02 explains why); ``best_ms`` (best of rounds) and ``median_ms`` (median of barrier-started
+calls, for steps of several ranks) time with it everywhere in the library.
 """
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
+import torch.distributed as dist
 
 from .models import mlp_layer_shapes
 
@@ -41,6 +44,16 @@ def synchronize(device: torch.device | str | None = None) -> None:
         torch.mps.synchronize()
 
 
+def elapsed_ms(fn, device) -> float:
+    """Milliseconds that ``fn()`` takes on ``device``: the clock starts once the work queued before is done
+    and stops once ``fn``'s own work is (GPU calls return before their work ends)."""
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    return (time.perf_counter() - start) * 1e3
+
+
 def best_ms(fn, device, repeats: int, rounds: int = 3, warmup: bool = True) -> float:
     """Best of ``rounds`` synchronised timings of ``repeats`` calls of ``fn``, in ms per call.
 
@@ -49,15 +62,27 @@ def best_ms(fn, device, repeats: int, rounds: int = 3, warmup: bool = True) -> f
     device = torch.device(device)
     if warmup:
         fn()
-    best = float("inf")
-    for _ in range(rounds):
-        synchronize(device)
-        start = time.perf_counter()
+
+    def calls():
         for _ in range(repeats):
             fn()
-        synchronize(device)
-        best = min(best, (time.perf_counter() - start) * 1e3 / repeats)
-    return best
+
+    return min(elapsed_ms(calls, device) / repeats for _ in range(rounds))
+
+
+def median_ms(fn, device, *, group=None, warmup: int = 3, repeats: int = 10) -> float:
+    """Median synchronised ms of ``fn()`` over ``repeats`` calls after ``warmup`` untimed ones. With a process
+    ``group``, every call starts at a barrier of it (a collective waits for the slowest rank, so each rank's
+    clock starts together); None: this process alone, no barrier. Times the DDP steps of labs 04 and 06."""
+    device = torch.device(device)
+    times = []
+    for i in range(warmup + repeats):
+        if group is not None:
+            dist.barrier(group=group)
+        took = elapsed_ms(fn, device)
+        if i >= warmup:
+            times.append(took)
+    return statistics.median(times)
 
 
 def matmul_peak_gflops(device=None, size: int = 2048, repeats: int = 10,

@@ -4,13 +4,13 @@ Taught in lab 06 (section 3).
 ``time_scaling`` runs on every engine at once. For each k = 1 .. world size it times, on ranks
 0 .. k-1 together (the others wait at a barrier), one training step of a DDP model on a subgroup of k
 ranks, and the same step of the bare model (the computation alone), for each per-rank batch asked
-for. ``on_subgroups`` and ``ddp_step_ms`` do that timing, for lab 04's ``utils.ddp_costs`` too. ``ddp_bucket_bytes`` and ``predicted_comm_seconds`` predict the communication from lab 03's
+for. ``time_ddp_against_bare`` does that timing, for lab 04's ``utils.ddp_costs`` too.
+``ddp_bucket_bytes`` and ``predicted_comm_seconds`` predict the communication from lab 03's
 alpha-beta model and DDP's buckets.
 """
 from __future__ import annotations
 
-import statistics
-import time
+from typing import Callable, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from .collectives import ring_all_reduce_seconds
-from .perf import synchronize
+from .perf import median_ms
 
 FIRST_BUCKET_BYTES = 2 ** 20    # DDP's first bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
 DEFAULT_CAP_MB = 25             # DDP's bucket_cap_mb when none is given (MiB: torch's _MB_TO_BYTES is 2**20)
@@ -62,44 +62,46 @@ def train_step(model, optimizer, x, y) -> None:
     optimizer.step()
 
 
-def median_ms(fn, device, *, group=None, warmup: int = 3, repeats: int = 10) -> float:
-    """Median ms of ``fn()`` over ``repeats`` calls after ``warmup`` untimed ones; the clock waits for the
-    device. With a process ``group``, every call starts at a barrier of it (a collective waits for the
-    slowest rank); None: this process alone, no barrier."""
-    device = torch.device(device)
-    times = []
-    for i in range(warmup + repeats):
-        if group is not None:
-            dist.barrier(group=group)
-        start = time.perf_counter()
-        fn()
-        synchronize(device)                              # CUDA work is asynchronous: wait before reading the clock
-        if i >= warmup:
-            times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+class Workload(NamedTuple):
+    """One thing ``time_ddp_against_bare`` times: its model (built afresh from seed 0 for each k), the shape
+    of one sample, the number of classes, and the per-rank batch for k ranks."""
+    build_model: Callable[[], torch.nn.Module]
+    input_shape: tuple
+    n_classes: int
+    per_rank_batch: Callable[[int], int]
 
 
-def ddp_step_ms(model, x, y, group, device, *, warmup: int = 3, repeats: int = 10) -> dict:
-    """``{"ddp": ms, "compute": ms}``: median times of a training step of ``model`` wrapped in DDP on
-    ``group``, and of the same step on the bare model (the computation alone: no hooks, no all-reduce)."""
-    device = torch.device(device)
-    wrapped = DistributedDataParallel(model, process_group=group, device_ids=[device] if device.type == "cuda" else None)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    timing = dict(group=group, warmup=warmup, repeats=repeats)
-    return {"ddp": median_ms(lambda: train_step(wrapped, optimizer, x, y), device, **timing),
-            "compute": median_ms(lambda: train_step(model, optimizer, x, y), device, **timing)}
+def time_ddp_against_bare(workloads: dict, device, *, warmup: int = 3, repeats: int = 10, more=None) -> dict:
+    """On every engine: ``{(label, k): {"ddp": ms, "compute": ms, **more(...)}}`` for this rank, for each
+    ``Workload`` in ``workloads`` and each k this rank took part in.
 
-
-def on_subgroups(measure) -> dict:
-    """For k = 1 .. world size: ``measure(k, group)`` on ranks 0 .. k-1 together, with ``group`` a process
-    group of those ranks, while the others wait at a barrier. ``measure`` returns ``{label: result}``;
-    this returns ``{(label, k): result}`` for the k this rank took part in. Every rank must call it."""
+    For k = 1 .. world size, ranks 0 .. k-1 form a process group (the others wait at a barrier) and each
+    times, on random samples of its own, a training step of the model wrapped in DDP on that group and the
+    same step of the bare model (the computation alone: no hooks, no all-reduce), each the median of
+    ``repeats`` barrier-started steps. ``more(label, group, model, x, y)``, if given, then measures what a
+    lab adds and returns it as a dict. Every rank must call it, with the same arguments.
+    """
     rank, world_size = dist.get_rank(), dist.get_world_size()
+    device = torch.device(device)
     groups = {k: dist.new_group(list(range(k))) for k in range(1, world_size + 1)}   # every rank, same order
+    timing = dict(warmup=warmup, repeats=repeats)
     results = {}
     for k, group in groups.items():
         if rank < k:
-            results.update({(label, k): value for label, value in measure(k, group).items()})
+            for label, workload in workloads.items():
+                b = workload.per_rank_batch(k)
+                g = torch.Generator().manual_seed(rank)
+                x = torch.randn(b, *workload.input_shape, generator=g).to(device)
+                y = torch.randint(0, workload.n_classes, (b,), generator=g).to(device)
+                torch.manual_seed(0)
+                model = workload.build_model().to(device)
+                wrapped = DistributedDataParallel(model, process_group=group,
+                                                  device_ids=[device] if device.type == "cuda" else None)
+                optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+                results[(label, k)] = {
+                    "ddp": median_ms(lambda: train_step(wrapped, optimizer, x, y), device, group=group, **timing),
+                    "compute": median_ms(lambda: train_step(model, optimizer, x, y), device, group=group, **timing),
+                    **(more(label, group, model, x, y) if more else {})}
         dist.barrier()                                   # the ranks outside the group wait here
     return results
 
@@ -112,21 +114,10 @@ def time_scaling(build_model, input_shape, n_classes: int, per_rank_batches: dic
     scaling a constant). Times are this rank's medians; the step of k ranks is as slow as the slowest,
     so take the maximum over ranks. Every rank must call it, with the same arguments.
     """
-    rank = dist.get_rank()
-
-    def measure(k, group):
-        timings = {}
-        for label, batch_of in per_rank_batches.items():
-            b = batch_of(k)
-            g = torch.Generator().manual_seed(rank)
-            x = torch.randn(b, *input_shape, generator=g).to(device)
-            y = torch.randint(0, n_classes, (b,), generator=g).to(device)
-            torch.manual_seed(0)
-            timings[label] = {**ddp_step_ms(build_model().to(device), x, y, group, device, warmup=warmup,
-                                            repeats=repeats), "per_rank": b}
-        return timings
-
-    return on_subgroups(measure)
+    workloads = {label: Workload(build_model, input_shape, n_classes, batch_of)
+                 for label, batch_of in per_rank_batches.items()}
+    return time_ddp_against_bare(workloads, device, warmup=warmup, repeats=repeats,
+                                 more=lambda label, group, model, x, y: {"per_rank": len(x)})
 
 
 def slowest_steps(per_rank: list[dict]) -> dict:
