@@ -7,7 +7,9 @@ wrapping a few torch functions so that they also write down their calls: ``init_
 (its explicit ``rank`` and ``world_size``, if any, and the backend asked for), ``DistributedSampler``
 (its replicas, rank, seed, and the epoch in force each time it is iterated), ``DistributedDataParallel``
 (its ``device_ids``, and the samples of every training forward), ``dist.all_reduce`` (the values a
-script reduces by hand), ``torch.save``, ``destroy_process_group``, and the lines the rank printed.
+script reduces by hand), every ``optimizer.step()`` (the optimizer's class and each parameter group's
+settings in force, which schedulers change, so that a check can take the same steps), ``torch.save``,
+``destroy_process_group``, and the lines the rank printed.
 The record goes to ``$COURSE_PROBE_DIR/rank<RANK>.json`` when the script ends, however it ends.
 
 ``COURSE_PROBE_GPUS=1`` simulates a GPU node without a GPU (``SimulatedGPUs``): every node has one
@@ -38,12 +40,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.data import DistributedSampler
 from torch.utils.weak import WeakIdKeyDictionary
 
 INJECTED = "error injected by the check into one rank's 3rd training step"
+MAX_STEPS = 5000                               # optimizer steps recorded; a check's job takes far fewer
 MAX_TIMEOUT = datetime.timedelta(seconds=60)   # a job that waits longer for a peer is stuck, in the check
 DROPOUT_SEEDS_PER_FORWARD = 16
 
@@ -210,6 +214,27 @@ class SimulatedGPUs(TorchFunctionMode):
         return self.where.get(tensor) or "cpu"
 
 
+def _setting(value):
+    """A parameter group's setting as JSON can hold it (a tensor learning rate as its number)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        with torch._C.DisableTorchFunction():      # reading it is the probe's doing, not a host sync of the job's
+            return value.item()
+    if isinstance(value, (tuple, list)):
+        return [_setting(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return f"<{type(value).__name__}>"
+
+
+def step_record(optimizer, index: dict) -> dict:
+    """One optimizer step: the optimizer's class, and per parameter group its parameters (their positions in
+    the DDP model's ``parameters()``, -1 for one outside it) and its settings at this step."""
+    return {"class": f"{type(optimizer).__module__}.{type(optimizer).__qualname__}",
+            "groups": [{"params": [index.get(id(p), -1) for p in group["params"]],
+                        "settings": {key: _setting(value) for key, value in group.items() if key != "params"}}
+                       for group in optimizer.param_groups]}
+
+
 def _record_calls(record: dict, gpus: SimulatedGPUs) -> None:
     init, destroy, save, all_reduce = dist.init_process_group, dist.destroy_process_group, torch.save, dist.all_reduce
     sampler_init, set_epoch, sampler_iter = DistributedSampler.__init__, DistributedSampler.set_epoch, DistributedSampler.__iter__
@@ -217,6 +242,7 @@ def _record_calls(record: dict, gpus: SimulatedGPUs) -> None:
     fail_at = int(os.environ.get("COURSE_PROBE_FAIL_AT", "0"))
     fails_here = os.environ.get("COURSE_PROBE_FAIL_RANK", "") == os.environ.get("RANK")
     right = {"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
+    positions = {}                                   # id of a parameter of the DDP model -> its position
 
     def init_process_group(*args, **kwargs):
         bound = inspect.signature(init).bind(*args, **kwargs)
@@ -277,6 +303,9 @@ def _record_calls(record: dict, gpus: SimulatedGPUs) -> None:
         module = bound.arguments["module"]
         record["ddp"] += 1
         record["params"] = sum(p.numel() for p in module.parameters())
+        positions.clear()
+        positions.update({id(p): i for i, p in enumerate(module.parameters())})
+        record["param_tensors"] = len(positions)
         record["model_device"] = sorted({gpus.device_of(p) for p in module.parameters()})
         ids = bound.arguments.get("device_ids")
         record["device_ids"] = None if ids is None else [gpus.cuda_index(i) or str(i) for i in ids]
@@ -305,6 +334,16 @@ def _record_calls(record: dict, gpus: SimulatedGPUs) -> None:
             gpus.training_forward = 0
             gpus.internal -= 1
 
+    def before_step(optimizer, args, kwargs):
+        if len(record["steps"]) < MAX_STEPS:
+            record["steps"].append(step_record(optimizer, positions))
+        gpus.internal += 1          # the optimizer's own code sees the real devices (it picks its kernels by them)
+
+    def after_step(optimizer, args, kwargs):
+        gpus.internal -= 1
+
+    register_optimizer_step_pre_hook(before_step)
+    register_optimizer_step_post_hook(after_step)
     dist.init_process_group, dist.destroy_process_group, torch.save = init_process_group, destroy_process_group, saved
     dist.all_reduce = hand_all_reduce
     DistributedSampler.__init__, DistributedSampler.set_epoch = distributed_sampler, sampler_set_epoch
@@ -312,6 +351,19 @@ def _record_calls(record: dict, gpus: SimulatedGPUs) -> None:
     DistributedDataParallel.__init__, DistributedDataParallel.forward = ddp, forward
     if gpus.simulate:
         _simulate_cuda(record, gpus)
+
+
+class _SimulatedStream:
+    """The current stream of a simulated GPU: never capturing a graph; waiting for it is a host sync."""
+
+    def __init__(self, gpus: SimulatedGPUs):
+        self.gpus = gpus
+
+    def is_capturing(self) -> bool:
+        return False
+
+    def synchronize(self) -> None:
+        self.gpus._sync("stream.synchronize()")
 
 
 def _simulate_cuda(record: dict, gpus: SimulatedGPUs) -> None:
@@ -334,6 +386,8 @@ def _simulate_cuda(record: dict, gpus: SimulatedGPUs) -> None:
     torch.cuda.set_device, torch.cuda.synchronize = set_device, synchronize
     torch.cuda.current_device = lambda: gpus.current
     torch.cuda.get_device_name = lambda device=None: "simulated GPU"
+    # Optimizers ask the accelerator's current stream whether a CUDA graph is being captured (Adam does).
+    torch.accelerator.current_stream = lambda device=None: _SimulatedStream(gpus)
 
 
 def main(argv: list[str]) -> None:
@@ -347,7 +401,8 @@ def main(argv: list[str]) -> None:
               "init": None, "destroyed": False, "samplers": [], "ddp": 0, "forwards": 0, "batches": [], "saves": [],
               "error": None, "printed": "", "set_device": [], "device_errors": [], "model_device": None,
               "device_ids": None, "params": 0, "mismatches": [], "syncs": {"train": 0, "eval": 0}, "sync_kinds": [],
-              "all_reduced": 0, "eval_in_train_mode": 0, "train_in_eval_mode": 0, "ddp_eval_with_grad": 0}
+              "all_reduced": 0, "eval_in_train_mode": 0, "train_in_eval_mode": 0, "ddp_eval_with_grad": 0,
+              "steps": []}
     printed: list[str] = []
     gpus = SimulatedGPUs(record, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), os.environ.get("COURSE_PROBE_GPUS") == "1")
     _record_calls(record, gpus)

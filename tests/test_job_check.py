@@ -1,0 +1,52 @@
+"""utils.checks.job_check with a replayed optimizer: a job that chooses its own optimizer and schedule is
+compared with one process taking the same steps, and the ways such a job goes wrong are named.
+
+The scripts are lab 06's solution (its check uses the fixed optimizer) with the optimizer changed.
+"""
+from __future__ import annotations
+
+import pytest
+
+from check_helpers import fails
+from test_checks_lab06 import with_mistake
+from utils.checks import Incorrect, lab06
+from utils.checks.job_check import REPLAYED_OPTIMIZER, JobCheck
+
+pytestmark = pytest.mark.timeout(600)
+
+REPLAYED = JobCheck("A", lab06.JOB, saved="model.pt", optimizer=REPLAYED_OPTIMIZER)
+SGD = "optimizer = torch.optim.SGD(ddp_model.parameters(), lr=args.lr, momentum=0.9)"
+STEP = "            optimizer.step()\n"
+# Adam with a ramp over the first steps: the settings change every step, as a schedule's do.
+ADAM = ("optimizer = torch.optim.Adam(ddp_model.parameters(), lr=args.lr / 10, betas=(0.8, 0.99))\n"
+        "    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 5))")
+SCHEDULED_STEP = STEP + "            schedule.step()\n"
+
+
+def test_a_job_with_its_own_optimizer_and_schedule_matches_one_process_taking_the_same_steps(tmp_path):
+    script = with_mistake(tmp_path, (SGD, ADAM), (STEP, SCHEDULED_STEP))
+    REPLAYED.check_training(script)
+    # The fixed check (lab 06's) compares with SGD at --lr: the same script's numbers differ from it.
+    got = fails(lab06.check_training, script, Incorrect)
+    assert "but over all 3 ranks' samples it is" in got or "the final weights differ" in got, got
+
+
+MISTAKES = {
+    "a rate that depends on the rank": ([(SGD, SGD.replace("lr=args.lr", "lr=args.lr * (1 + rank)"))],
+                                        "every rank must take the same steps"),
+    "an optimizer of its own": ([(SGD, "optimizer = type('Mine', (torch.optim.SGD,), {})(ddp_model.parameters(), "
+                                       "lr=args.lr, momentum=0.9)")],
+                                "use one optimizer from torch.optim"),
+    "no step on a short last batch": ([(STEP, "            if len(y) == args.global_batch // world_size:\n"
+                                              "                optimizer.step()\n")],
+                                      "took 16 optimizer step(s) in 18 training batches"),
+    "an optimizer over half the model": ([(SGD, SGD.replace("ddp_model.parameters()", "list(ddp_model.parameters())[:2]"))],
+                                         "holds parameters that are not the DDP model's"),
+}
+
+
+@pytest.mark.parametrize("mistake", MISTAKES, ids=list(MISTAKES))
+def test_optimizer_mistakes_get_their_own_message(mistake, tmp_path):
+    replacements, message = MISTAKES[mistake]
+    got = fails(REPLAYED.check_training, with_mistake(tmp_path, *replacements), Incorrect)
+    assert message in got, got
