@@ -45,6 +45,10 @@ BACKWARD = "            loss.backward()\n"
 HAND_ALL_REDUCE = BACKWARD + ("            for p in ddp_model.parameters():\n                dist.all_reduce(p.grad)\n"
                               "                p.grad /= world_size\n")
 INIT = "dist.init_process_group(backend, timeout="
+LOOP = "        for x, y in loader:\n"
+ENUMERATED = "        for step, (x, y) in enumerate(loader):\n"
+SUMMED = "            totals[0] += loss.detach() * len(y)\n"
+REFUSAL = "    if args.global_batch % world_size:"
 EVALUATE = "            _, accuracy = evaluate(model, dataset.x_test, dataset.y_test)"
 
 # Each wrong script, the part of the check that must refuse it, and the words of its message. The
@@ -91,6 +95,13 @@ MISTAKES = {
     "training the model inside DDP": ("check_job", [("F.cross_entropy(ddp_model(x), y)", "F.cross_entropy(model(x), y)")],
                                       "ran no training step through the DDP model"),
     "gradients all-reduced again by hand": ("check_job", [(BACKWARD, HAND_ALL_REDUCE)], "values by hand"),
+    # found by an outside review: the module that defines all_reduce was not watched, nor a read every other step
+    "gradients all-reduced by hand through distributed_c10d": (
+        "check_training", [(BACKWARD, HAND_ALL_REDUCE.replace("dist.all_reduce", "torch.distributed.distributed_c10d.all_reduce"))],
+        "values by hand"),
+    "a host sync every other step": ("check_training", [(LOOP, ENUMERATED), (SUMMED, SUMMED + "            if step % 2 == 0:\n"
+                                                                                      "                last_loss = loss.item()\n")],
+                                     "times while training (.item()), after 10 of its 18 training steps"),
     "evaluated in train mode": ("check_job", [("_, accuracy = evaluate(model, dataset.x_test, dataset.y_test)",
                                                "accuracy = (model(dataset.x_test.to(device)).argmax(1) == "
                                                "dataset.y_test.to(device)).float().mean().item()")],
@@ -100,6 +111,9 @@ MISTAKES = {
     "global batch refused for a world size of 2 only": ("check_refusal", [("    if args.global_batch % world_size:",
                                                                            "    if args.global_batch % 2:")],
                                                         "a global batch of 20 does not divide among 3 processes, but your job trained"),
+    # found by an outside review: the other ranks failed in DDP's first collective, and the job's exit code passed
+    "global batch refused on rank 0 only": ("check_refusal", [(REFUSAL, "    if rank == 0 and args.global_batch % world_size:")],
+                                            "rank(s) [0] refused it, but rank 1 "),
     # evaluation written by hand, the model left in eval mode (found by an outside review: the message blamed the weights)
     "left in eval mode after evaluating": ("check_training", [(EVALUATE, "            model.eval()\n            with torch.no_grad():\n"
                                                                          "                accuracy = (model(dataset.x_test.to(device)).argmax(1) == "
@@ -111,11 +125,23 @@ MISTAKES = {
 def test_a_right_script_written_otherwise_passes(tmp_path):
     # Any value that changes every epoch (and is the same on every rank) reshuffles: the check follows it.
     # Pinned batches copied without blocking are what a GPU job should do (the simulated node once failed them
-    # for want of a driver).
+    # for want of a driver). Two host reads per epoch are fine: a progress line mid-epoch, and the log line's
+    # loss sum and count read one after the other.
     lab06.check_training(with_mistake(tmp_path, (SET_EPOCH, "        sampler.set_epoch(10 * epoch + 1)"),
                                       ("sampler=sampler)", "sampler=sampler, pin_memory=True)"),
                                       ("x, y = x.to(device), y.to(device)",
-                                       "x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)")))
+                                       "x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)"),
+                                      (LOOP, ENUMERATED),
+                                      (SUMMED, SUMMED + "            if rank == 0 and step == 4:\n"
+                                                        "                print(f'step {step} loss {loss.item():.4f}')\n"),
+                                      ("(totals[0] / totals[1]).item():.6f}", "totals[0].item() / totals[1].item():.6f}")))
+
+
+def test_a_refusal_after_building_the_model_and_ddp_passes(tmp_path):
+    # Every rank refuses on its own, after the collectives of building DDP, which every rank joined.
+    lab06.check_refusal(with_mistake(tmp_path, (REFUSAL, "    if False:"),
+                                     ("    optimizer = torch.optim.SGD(", REFUSAL + "\n        raise SystemExit('a global "
+                                      "batch the world size does not divide')\n    optimizer = torch.optim.SGD(")))
 
 
 @pytest.mark.parametrize("mistake", MISTAKES, ids=list(MISTAKES))

@@ -50,3 +50,18 @@ def test_optimizer_mistakes_get_their_own_message(mistake, tmp_path):
     replacements, message = MISTAKES[mistake]
     got = fails(REPLAYED.check_training, with_mistake(tmp_path, *replacements), Incorrect)
     assert message in got, got
+
+
+def _ended(rank: int, error: str, peer_lost: bool = False) -> dict:
+    return {"rank": str(rank), "error": error, "peer_lost": peer_lost, "batches": []}
+
+
+def test_a_refusal_on_some_ranks_only_is_named_however_the_others_ended():
+    # Judged without a run: a rank that waited in a collective until the timeout, and one that left no record.
+    refused = _ended(0, "SystemExit: --global-batch 20 does not divide by 3 processes")
+    waited = _ended(1, "RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out "
+                       "waiting 20000ms for recv operation to complete. Check the logs", peer_lost=True)
+    got = fails(lambda records: REPLAYED.judge_refusal(1, "", records), {0: refused, 1: waited}, Incorrect)
+    assert "rank(s) [0] refused it, but rank 1 timed out waiting for its peers (RuntimeError: Timed out waiting" in got, got
+    assert "rank 2 left no record" in got and "a rank that does not starts a collective the others never join" in got, got
+    REPLAYED.judge_refusal(1, "", {rank: _ended(rank, refused["error"]) for rank in range(3)})

@@ -9,7 +9,7 @@ where the model and the batches live and the host syncs are judged as a GPU job 
 GPU. Then it trains the same model in this process, one process on the same global batches with the same
 dropout masks and the same optimizer steps, and compares the weights the script saved, the train loss and
 test accuracy it logged. Two more runs: one rank fails in a training step (the job must fail and tear its
-group down), and a global batch the world size does not divide (the job must refuse it). Each typical
+group down), and a global batch the world size does not divide (every rank must refuse it). Each typical
 mistake gets its own message.
 
 The optimizer the reference uses is either fixed (``SGD(lr, momentum=0.9)``, what lab 06's script keeps
@@ -41,6 +41,12 @@ WEIGHT_TOLERANCE = 1e-4     # float32 sums taken in another order differ by ~1e-
 LOG_LINE = re.compile(r"^epoch\s+(\d+)\s+train_loss\s+(\S+)\s+test_accuracy\s+(\S+)", re.MULTILINE)
 FIXED_OPTIMIZER = "fixed"       # SGD(lr, momentum=0.9), as the single-process script has it
 REPLAYED_OPTIMIZER = "replayed"  # the optimizer steps the probe recorded, taken again by the reference
+# Host reads of GPU values a rank may make per epoch, counted by the training steps after which it read any (reads
+# between the same two steps count once: the loss sum and the count read one after the other wait for the GPU
+# once). One or two per epoch (the log line, a progress line) cost nothing next to an epoch of steps; a read every
+# few steps makes the GPU idle that often. Lab 06's tiny job has 9 steps per epoch and rank, so a read every 4th
+# step or more often exceeds this on any rank (a job of shorter epochs could not tell the two apart).
+SYNC_POINTS_PER_EPOCH = 2
 
 
 # --- the reference: one process on the same global batches ----------------------------------------
@@ -96,6 +102,18 @@ def _placement_mistake(mismatch: dict) -> str:
 
 _RANK_IS_NOT_LOCAL = ("RANK counts the processes of all machines; the GPU of a process is chosen by LOCAL_RANK, "
                       "its index on its own machine.")
+
+
+def _ending(rec: dict | None) -> str:
+    """How a rank that did not refuse a batch on its own ended, from its record."""
+    if rec is None:
+        return "left no record (stopped from outside)"
+    error = re.sub(r"\[[^\]]*:\d+\] ?", "", rec["error"] or "").split(". ")[0][:100]   # gloo's source path left out
+    trained = f"went on to train ({len(rec['batches'])} step(s)) and " if rec["batches"] else ""
+    if rec.get("peer_lost"):
+        return trained + ("timed out waiting for its peers" if "timed out" in error.lower() else
+                          "ended with a communication error, its peers gone") + f" ({error})"
+    return trained + "ended without refusing it" + (f" ({error})" if error else "")
 
 
 def _optimizer_class(name: str):
@@ -164,10 +182,15 @@ class JobCheck:
 
         ``nproc``: processes, or a list of processes per simulated node (``export.run``). ``gpus``: each node
         looks like a GPU node with a GPU per process. ``fail_at``: the training step at which rank
-        ``fail_rank`` raises. ``changes``: job settings other than ``self.job``'s."""
+        ``fail_rank`` raises. ``changes``: job settings other than ``self.job``'s. A global batch that the
+        processes cannot share equally is a refusal run (the probe's ``COURSE_PROBE_REFUSAL``): every rank's
+        end is recorded before any exits, and collectives time out sooner."""
         probe = workdir / "probe"
+        processes = nproc if isinstance(nproc, int) else sum(nproc)
+        refusal = changes.get("global_batch", self.job["global_batch"]) % processes != 0
         env = {"COURSE_PROBE_DIR": str(probe), "COURSE_PROBE_FAIL_AT": str(fail_at),
-               "COURSE_PROBE_FAIL_RANK": "" if fail_rank is None else str(fail_rank), "COURSE_PROBE_GPUS": "1" if gpus else ""}
+               "COURSE_PROBE_FAIL_RANK": "" if fail_rank is None else str(fail_rank), "COURSE_PROBE_GPUS": "1" if gpus else "",
+               "COURSE_PROBE_REFUSAL": "1" if refusal else ""}
         result = export.run(["-m", "utils.checks.job_probe", script, *self.job_arguments(workdir / "out", **changes)], nproc,
                             cwd=workdir, threads=1, env=env, timeout=timeout)
         records = {}
@@ -242,7 +265,10 @@ class JobCheck:
     def _read_state(self, path: Path) -> dict:
         expect(path.exists(), f"{self.label}: no model was saved to {path.name} in the folder given by --out: rank 0 must "
                               f"save ddp_model.module.state_dict() to os.path.join(args.out, {self.saved!r}).")
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+    def _checked_state(self, state) -> dict:
+        """The saved weights, if they are a plain model's state_dict."""
         expect(isinstance(state, dict) and all(isinstance(v, torch.Tensor) for v in state.values()),
                f"{self.label}: {self.saved} must hold a state_dict (a dict of tensors): save ddp_model.module.state_dict().")
         expect(not any(k.startswith("module.") for k in state),
@@ -407,11 +433,14 @@ class JobCheck:
                    f"{self.label}: {_who(rec)} ran dropout in train mode outside a training step ({rec['eval_in_train_mode']} "
                    f"time(s)): evaluate after model.eval() (and call model.train() before training again), or the test "
                    f"accuracy is measured with activations dropped at random.")
-            expect(rec["syncs"]["train"] < len(batches),
-                   f"{self.label}: on a GPU node, {_who(rec)} read GPU values on the host {rec['syncs']['train']} times while "
-                   f"training ({', '.join(rec['sync_kinds'])}) in {len(batches)} steps: each read waits until the GPU "
-                   f"has finished all queued work, a host sync every step. Keep the loss sum on the device and read it "
-                   f"once per epoch.")
+            points, allowed = rec.get("sync_points", {}), SYNC_POINTS_PER_EPOCH * self.job["epochs"]
+            expect(len(points) <= allowed,
+                   f"{self.label}: on a GPU node, {_who(rec)} read GPU values on the host {sum(points.values())} times while "
+                   f"training ({', '.join(rec['sync_kinds'])}), after {len(points)} of its {len(batches)} training steps: "
+                   f"each read waits until the GPU has finished all queued work (a host sync), and the GPU idles until "
+                   f"the host queues more. Reads one after the other wait once; read after one or two steps per epoch at "
+                   f"most (here {allowed} of the {len(batches)} steps of {self.job['epochs']} epochs): keep the loss sum on "
+                   f"the device and read it once per epoch, for the log line.")
         printed = {rank: len(LOG_LINE.findall(rec["printed"])) for rank, rec in records.items()}
         chatty = [rank for rank, lines in printed.items() if rank != 0 and lines]
         by_local = " (LOCAL_RANK is 0 on every node: test the global rank, dist.get_rank())" if chatty and all(
@@ -504,13 +533,19 @@ class JobCheck:
 
     def check_training(self, script: Path) -> None:
         """The job on two simulated GPU nodes: how each rank ran, what it called, and its numbers."""
-        nproc = sum(self.nodes)
         with tempfile.TemporaryDirectory(prefix="job-check-") as folder:
             code, output, records = self.run_job(script, self.nodes, Path(folder))
-            self._diagnose_run(code, output, records, nproc, f" on two nodes ({' + '.join(map(str, self.nodes))} processes)")
-            epochs = self._diagnose_calls(records, nproc)
-            state = self._read_state(Path(folder) / "out" / self.saved)
-        self.judge_numbers(records, state, nproc, epochs)
+            self.judge_training(code, output, records, sum(self.nodes),
+                                f" on two nodes ({' + '.join(map(str, self.nodes))} processes)",
+                                lambda: self._read_state(Path(folder) / "out" / self.saved))
+
+    def judge_training(self, code, output: str, records: dict, nproc: int, where: str, load_state) -> None:
+        """A training run as ``run_job`` returned it: how each rank ran, what it called, and its numbers.
+        ``where``: how the run is named in messages (" on two nodes (2 + 1 processes)"); ``load_state()``
+        returns the weights the script saved (or raises ``Incorrect`` saying why not)."""
+        self._diagnose_run(code, output, records, nproc, where)
+        epochs = self._diagnose_calls(records, nproc)
+        self.judge_numbers(records, self._checked_state(load_state()), nproc, epochs)
 
     def judge_numbers(self, records: dict, state: dict, nproc: int, epochs: list) -> None:
         """The logged numbers and the saved weights against one process on the same global batches."""
@@ -524,6 +559,10 @@ class JobCheck:
         """Rank 1 of 2 (on the second node) raises in its 3rd training step: the job must fail, and tear down."""
         with tempfile.TemporaryDirectory(prefix="job-check-") as folder:
             code, output, records = self.run_job(script, [1, 1], Path(folder), fail_at=3, fail_rank=1)
+        self.judge_one_rank_failing(code, output, records)
+
+    def judge_one_rank_failing(self, code, output: str, records: dict) -> None:
+        """The run of ``check_one_rank_failing``, as ``run_job`` returned it."""
         expect(code is not None, f"{self.label}: when rank 1 alone failed in a training step ({INJECTED}), the job did "
                                  f"not end within {TIME_LIMIT_S} s: the other rank kept waiting. Let the error "
                                  f"end the process, and tear the group down in a finally block.")
@@ -538,10 +577,23 @@ class JobCheck:
     # LOCAL_WORLD_SIZE (2 on the first node), lets this batch through.
     def check_refusal(self, script: Path) -> None:
         """A global batch that the 3 processes of two nodes cannot share equally: the job must stop before training."""
-        batch, nproc = self.refused_batch, sum(self.nodes)
         with tempfile.TemporaryDirectory(prefix="job-check-") as folder:
-            code, output, records = self.run_job(script, self.nodes, Path(folder), global_batch=batch)
+            code, output, records = self.run_job(script, self.nodes, Path(folder), global_batch=self.refused_batch)
+        self.judge_refusal(code, output, records)
+
+    def judge_refusal(self, code, output: str, records: dict) -> None:
+        """The run of ``check_refusal``, as ``run_job`` returned it: every rank refused the batch itself."""
+        batch, nproc = self.refused_batch, sum(self.nodes)
         trained = sorted(rank for rank, rec in records.items() if rec["batches"])
+        # A rank's own refusal: it ended with an error (SystemExit or another) that was not a peer gone away.
+        refused = sorted(rank for rank, rec in records.items() if rec["error"] and not rec.get("peer_lost") and not rec["batches"])
+        others = [rank for rank in range(nproc) if rank not in refused]
+        if refused and others:
+            expect(False, f"{self.label}: a global batch of {batch} does not divide among {nproc} processes; rank(s) {refused} "
+                          f"refused it, but " + "; ".join(f"rank {rank} {_ending(records.get(rank))}" for rank in others)
+                          + ". Every rank checks the batch and refuses it itself (raise SystemExit(...) on every rank, "
+                            "not under if rank == 0): a rank that does not starts a collective the others never join, "
+                            "and fails only when its peers are gone or the wait times out.")
         expect(code not in (0, None) and not trained,
                f"{self.label}: a global batch of {batch} does not divide among {nproc} processes, but your job "
                + (f"trained on rank(s) {trained}" if trained else f"ended with exit code {code}")

@@ -6,11 +6,13 @@ Each process runs the script as ``__main__`` (exactly as ``torchrun train_ddp.py
 wrapping a few torch functions so that they also write down their calls: ``init_process_group``
 (its explicit ``rank`` and ``world_size``, if any, and the backend asked for), ``DistributedSampler``
 (its replicas, rank, seed, and the epoch in force each time it is iterated), ``DistributedDataParallel``
-(its ``device_ids``, and the samples of every training forward), ``dist.all_reduce`` (the values a
-script reduces by hand), every ``optimizer.step()`` (the optimizer's class and each parameter group's
+(its ``device_ids``, and the samples of every training forward), ``all_reduce`` (the values a
+script reduces by hand, whether it reaches the function as ``torch.distributed.all_reduce`` or as
+``torch.distributed.distributed_c10d.all_reduce``), every ``optimizer.step()`` (the optimizer's class and each parameter group's
 settings in force, which schedulers change, so that a check can take the same steps), ``torch.save``,
 ``destroy_process_group``, and the lines the rank printed.
-The record goes to ``$COURSE_PROBE_DIR/rank<RANK>.json`` when the script ends, however it ends.
+The record goes to ``$COURSE_PROBE_DIR/rank<RANK>.json`` when the script ends, however it ends; it says
+whether the rank's error was a lost peer (a communication error or a timeout) rather than its own.
 
 ``COURSE_PROBE_GPUS=1`` simulates a GPU node without a GPU (``SimulatedGPUs``): every node has one
 "GPU" per local process, tensors moved to ``cuda:i`` stay on the CPU but are tracked as living on
@@ -18,6 +20,12 @@ The record goes to ``$COURSE_PROBE_DIR/rank<RANK>.json`` when the script ends, h
 counted as a host sync, and ``nccl`` is run as ``gloo``. ``COURSE_PROBE_FAIL_AT=N`` with
 ``COURSE_PROBE_FAIL_RANK=R`` makes rank R's N-th training forward raise, to see whether the job
 still tears its process group down when one rank fails.
+
+``COURSE_PROBE_REFUSAL=1`` is for a job that should stop before training (a global batch the world
+size does not divide): no rank exits before every rank has written its record (a rank that exits makes
+torchrun stop the others, which could then not show whether they would have refused on their own), a
+rank that ended closes its process group so that a peer waiting in a collective with it fails at once,
+and collectives time out after ``REFUSAL_TIMEOUT`` instead of the usual cap.
 
 Training dropout draws its masks from a seed per training forward (``masked_dropout``), so that the
 check's one-process reference can draw the same ones whatever else the script does with the random
@@ -34,6 +42,7 @@ import json
 import os
 import runpy
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -49,7 +58,15 @@ from torch.utils.weak import WeakIdKeyDictionary
 INJECTED = "error injected by the check into one rank's 3rd training step"
 MAX_STEPS = 5000                               # optimizer steps recorded; a check's job takes far fewer
 MAX_TIMEOUT = datetime.timedelta(seconds=60)   # a job that waits longer for a peer is stuck, in the check
+# In a refusal run, a rank's collectives after init_process_group: the ranks of a right script reach the refusal
+# together (at worst after loading the data and building the model and DDP), and a rank whose peers have stopped
+# should not wait for them a whole minute. Init itself keeps MAX_TIMEOUT (processes start unevenly on a busy host).
+REFUSAL_TIMEOUT = datetime.timedelta(seconds=20)
+# Text of the errors a rank gets when a peer has gone (gloo, nccl, the store) rather than of its own making.
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Connection refused", "Broken pipe",
+             "Timed out", "timed out")
 DROPOUT_SEEDS_PER_FORWARD = 16
+_DESTROY = dist.destroy_process_group          # torch's own, which the probe's record of the script's call wraps
 
 
 def masked_dropout(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
@@ -123,6 +140,10 @@ class SimulatedGPUs(TorchFunctionMode):
     def _sync(self, what: str) -> None:
         phase = "train" if torch.is_grad_enabled() else "eval"
         self.record["syncs"][phase] += 1
+        step = self.record["forwards"]        # the training steps begun so far: where in training the read is
+        if step:
+            points = self.record["sync_points"]
+            points[str(step)] = points.get(str(step), 0) + 1
         if len(self.record["sync_kinds"]) < 5 and what not in self.record["sync_kinds"]:
             self.record["sync_kinds"].append(what)
 
@@ -242,6 +263,7 @@ def _record_calls(record: dict, gpus: SimulatedGPUs) -> None:
     fail_at = int(os.environ.get("COURSE_PROBE_FAIL_AT", "0"))
     fails_here = os.environ.get("COURSE_PROBE_FAIL_RANK", "") == os.environ.get("RANK")
     right = {"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
+    refusal = os.environ.get("COURSE_PROBE_REFUSAL") == "1"
     positions = {}                                   # id of a parameter of the DDP model -> its position
 
     def init_process_group(*args, **kwargs):
@@ -260,7 +282,10 @@ def _record_calls(record: dict, gpus: SimulatedGPUs) -> None:
                 bound.arguments["device_id"] = None
             bound.arguments["backend"] = "gloo"              # nccl needs real GPUs; gloo does the same sums
         bound.arguments["timeout"] = min(given.get("timeout") or MAX_TIMEOUT, MAX_TIMEOUT)
-        return init(*bound.args, **bound.kwargs)
+        joined = init(*bound.args, **bound.kwargs)
+        if refusal:
+            dist.set_timeout(min(bound.arguments["timeout"], REFUSAL_TIMEOUT))
+        return joined
 
     def destroy_process_group(*args, **kwargs):
         record["destroyed"] = True
@@ -344,8 +369,13 @@ def _record_calls(record: dict, gpus: SimulatedGPUs) -> None:
 
     register_optimizer_step_pre_hook(before_step)
     register_optimizer_step_post_hook(after_step)
-    dist.init_process_group, dist.destroy_process_group, torch.save = init_process_group, destroy_process_group, saved
-    dist.all_reduce = hand_all_reduce
+    # A script reaches these through torch.distributed or through the module that defines them (also with
+    # `from torch.distributed.distributed_c10d import all_reduce`, which runs after this): replace both.
+    for name, replacement in [("init_process_group", init_process_group), ("destroy_process_group", destroy_process_group),
+                              ("all_reduce", hand_all_reduce)]:
+        setattr(dist, name, replacement)
+        setattr(dist.distributed_c10d, name, replacement)
+    torch.save = saved
     DistributedSampler.__init__, DistributedSampler.set_epoch = distributed_sampler, sampler_set_epoch
     DistributedSampler.__iter__ = sampler_iterate
     DistributedDataParallel.__init__, DistributedDataParallel.forward = ddp, forward
@@ -402,7 +432,7 @@ def main(argv: list[str]) -> None:
               "error": None, "printed": "", "set_device": [], "device_errors": [], "model_device": None,
               "device_ids": None, "params": 0, "mismatches": [], "syncs": {"train": 0, "eval": 0}, "sync_kinds": [],
               "all_reduced": 0, "eval_in_train_mode": 0, "train_in_eval_mode": 0, "ddp_eval_with_grad": 0,
-              "steps": []}
+              "steps": [], "sync_points": {}, "peer_lost": False}
     printed: list[str] = []
     gpus = SimulatedGPUs(record, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), os.environ.get("COURSE_PROBE_GPUS") == "1")
     _record_calls(record, gpus)
@@ -417,11 +447,25 @@ def main(argv: list[str]) -> None:
         raise
     except BaseException as error:
         record["error"] = f"{type(error).__name__}: {error}"
+        record["peer_lost"] = isinstance(error, dist.DistError) or any(text in str(error) for text in PEER_LOST)
         raise
     finally:
         record["printed"] = "".join(printed)[-20000:]
         out.mkdir(parents=True, exist_ok=True)
         (out / f"rank{rank}.json").write_text(json.dumps(record))
+        if os.environ.get("COURSE_PROBE_REFUSAL") == "1":
+            _wait_for_every_record(out)
+
+
+def _wait_for_every_record(out: Path) -> None:
+    """Stay until every rank has written its record (at most a refusal run's collective timeout and a margin):
+    torchrun stops all ranks once one exits, and a rank stopped before it decides shows nothing of its own.
+    The group is closed first, so that a peer still waiting in a collective with this rank fails now."""
+    if dist.is_initialized():
+        _DESTROY()
+    deadline = time.monotonic() + REFUSAL_TIMEOUT.total_seconds() + 10
+    while len(list(out.glob("rank*.json"))) < int(os.environ.get("WORLD_SIZE", "1")) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 if __name__ == "__main__":
