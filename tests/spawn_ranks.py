@@ -16,6 +16,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from utils import ddp
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -38,7 +40,7 @@ def _worker(rank, world_size, port, job, args, results, backend):
             dist.barrier()
             results.put(("ok", rank, result))
         finally:
-            dist.destroy_process_group()
+            ddp.destroy_process_group()    # gloo's threads end here, not as the interpreter shuts down
     except BaseException:
         results.put(("error", rank, traceback.format_exc()))
 

@@ -213,8 +213,9 @@ def _all_reduce_async(tensor: torch.Tensor, group=None):
     (pytorch/pytorch#173568), and a collective started inside backward copies that state into its
     work object, so freeing the work takes the GIL. The last reference can be gloo's worker
     thread's, let go just after the work completes; when that falls as the interpreter shuts down
-    (a job that ends right after its last step, or after barrier() and destroy_process_group(),
-    which leave gloo's threads running once torch.optim has imported torch._dynamo), Python ends
+    (a job that ends right after its last step, or after barrier() and dist.destroy_process_group(),
+    which leaves gloo's threads running once torch.optim has imported torch._dynamo: see
+    ``destroy_process_group``), Python ends
     that thread inside the destructor, which may not throw, and the process aborts: "terminate
     called without an active exception", SIGABRT (the crash of pytorch/pytorch#117762). Keeping the
     handles, as torch's DDP does, only narrows the window: the wrapper can be freed before gloo's
@@ -381,3 +382,38 @@ def step_time(wrapped: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: in
 
 
 VARIANTS = {"naive": NaiveDDP, "flat": FlatDDP, "overlap": OverlapDDP, "bucketed": BucketedDDP}
+
+
+def destroy_process_group() -> None:
+    """``dist.destroy_process_group()``, with gloo's threads stopped before it returns: the teardown
+    of the course's jobs (after a ``dist.barrier()`` when they end normally).
+
+    Why (torch 2.14, gloo). A gloo worker thread lets go of a finished collective a moment after the
+    caller has moved on (a barrier even keeps the collectives before it until it is freed itself),
+    and letting go of a tensor that has a Python object, a gradient say, takes the GIL. Should that
+    fall while the interpreter shuts down, Python ends the thread inside a C++ destructor, which may
+    not throw: "terminate called without an active exception", SIGABRT, from a job that trained
+    correctly. Destroying the group joins its threads (torch releases the GIL for that), so no thread
+    is left to do it late. But ``dist.destroy_process_group()`` destroys nothing while something
+    else still refers to the group, and ``torch.distributed.nn.functional`` does when it was first
+    imported after ``init_process_group`` (torch._dynamo imports it, and torch.optim's optimizers
+    and torch's DDP import torch._dynamo when they are built): its functions' default ``group`` is
+    ``group.WORLD``, read at import. So those references go too.
+    """
+    dist.destroy_process_group()
+    forget_destroyed_group()
+
+
+def forget_destroyed_group() -> None:
+    """Drop the references to a destroyed default group that ``torch.distributed.nn.functional``
+    keeps in its functions' default arguments (``group=group.WORLD``, read when the module was
+    imported): with them gone the group is freed, and gloo's threads end with it. None, what they
+    are when the module is imported before any group exists, means the default group there."""
+    import sys
+
+    functional = sys.modules.get("torch.distributed.nn.functional")
+    for function in vars(functional).values() if functional is not None else ():
+        defaults = getattr(function, "__defaults__", None) or ()
+        if any(isinstance(value, dist.ProcessGroup) for value in defaults):
+            function.__defaults__ = tuple(None if isinstance(value, dist.ProcessGroup) else value
+                                          for value in defaults)

@@ -31,7 +31,6 @@ Run with:  torchrun --standalone --nproc-per-node N {name}
 """
 import datetime
 import os
-import time as _time  # named apart: exported code may define its own time
 
 import torch
 import torch.distributed as dist
@@ -55,6 +54,10 @@ def _setup_process_group(timeout_s={timeout}):
 
 _FOOTER = '''
 
+
+{forget}
+
+
 if __name__ == "__main__":
     rank, world_size, device = _setup_process_group()
     try:
@@ -62,10 +65,9 @@ if __name__ == "__main__":
         dist.barrier()  # no rank tears the group down while another still sends to it
     finally:
         dist.destroy_process_group()
-        # Once DDP has held the group, gloo's threads outlive it, and a collective started inside
-        # backward carries a Python object (pytorch/pytorch#173568): a thread that frees one while the
-        # interpreter shuts down aborts the process (pytorch/pytorch#117762). Let them finish first.
-        _time.sleep(0.2)
+        # Frees the group, so gloo's threads end here and not while the interpreter shuts down: one
+        # that lets go of a tensor then aborts the process (see forget_destroyed_group).
+        forget_destroyed_group()
 '''
 
 
@@ -88,13 +90,16 @@ def torchrun_script(path, *code, call: str, imports: str = "", timeout: float = 
     ``call`` is the statement the script runs on every rank, e.g. ``"train(epochs=3)"``.
     An existing file is kept unless ``overwrite=True``: a learner's edited script is never lost.
     """
+    from .ddp import forget_destroyed_group    # the footer's teardown: one copy of the code
+
     path = Path(path)
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} exists; pass overwrite=True to replace it, or choose another name")
     compile(call, "<call>", "exec")  # a typo in the call is reported now, not on every rank later
     body = "\n\n\n".join(_source(item) for item in code)
     text = (_HEADER.format(description=description, name=path.name, imports=imports.strip(), timeout=timeout)
-            + "\n" + body + _FOOTER.format(call=textwrap.indent(call.strip(), " " * 8)))
+            + "\n" + body + _FOOTER.format(forget=_source(forget_destroyed_group),
+                                           call=textwrap.indent(call.strip(), " " * 8)))
     compile(text, str(path), "exec")
     path.write_text(text)
     return path
