@@ -285,10 +285,14 @@ def _record_calls(record: dict, gpus: SimulatedGPUs) -> None:
         joined = init(*bound.args, **bound.kwargs)
         if refusal:
             dist.set_timeout(min(bound.arguments["timeout"], REFUSAL_TIMEOUT))
+            _probe_dir().mkdir(parents=True, exist_ok=True)
+            (_probe_dir() / f"joined{os.environ['RANK']}").touch()   # see _wait_for_every_record
         return joined
 
     def destroy_process_group(*args, **kwargs):
         record["destroyed"] = True
+        if refusal:
+            _wait_for_every_rank_to_join(_probe_dir())
         return destroy(*args, **kwargs)
 
     def saved(obj, f, *args, **kwargs):
@@ -420,11 +424,15 @@ def _simulate_cuda(record: dict, gpus: SimulatedGPUs) -> None:
     torch.accelerator.current_stream = lambda device=None: _SimulatedStream(gpus)
 
 
+def _probe_dir() -> Path:
+    return Path(os.environ.get("COURSE_PROBE_DIR", "."))
+
+
 def main(argv: list[str]) -> None:
     if not argv:
         raise SystemExit("usage: torchrun ... -m utils.checks.job_probe SCRIPT [ARGS...]")
     script = argv[0]
-    out = Path(os.environ.get("COURSE_PROBE_DIR", "."))
+    out = _probe_dir()
     rank = os.environ.get("RANK", "?")
     record = {"rank": rank, "world_size": os.environ.get("WORLD_SIZE"), "local_rank": os.environ.get("LOCAL_RANK"),
               "local_world_size": os.environ.get("LOCAL_WORLD_SIZE"), "node": os.environ.get("GROUP_RANK"),
@@ -457,14 +465,26 @@ def main(argv: list[str]) -> None:
             _wait_for_every_record(out)
 
 
+def _wait_for_every_rank_to_join(out: Path) -> None:
+    """In a refusal run, before a group is closed: a peer still inside init_process_group would see the group
+    closed under it and fail for that, not for its own choice, so wait until every rank has joined or ended."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    deadline = time.monotonic() + REFUSAL_TIMEOUT.total_seconds()
+    while time.monotonic() < deadline and not all(
+            (out / f"joined{r}").exists() or (out / f"rank{r}.json").exists() for r in range(world)):
+        time.sleep(0.05)
+
+
 def _wait_for_every_record(out: Path) -> None:
     """Stay until every rank has written its record (at most a refusal run's collective timeout and a margin):
     torchrun stops all ranks once one exits, and a rank stopped before it decides shows nothing of its own.
     The group is closed first, so that a peer still waiting in a collective with this rank fails now."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     if dist.is_initialized():
+        _wait_for_every_rank_to_join(out)
         _DESTROY()
     deadline = time.monotonic() + REFUSAL_TIMEOUT.total_seconds() + 10
-    while len(list(out.glob("rank*.json"))) < int(os.environ.get("WORLD_SIZE", "1")) and time.monotonic() < deadline:
+    while len(list(out.glob("rank*.json"))) < world and time.monotonic() < deadline:
         time.sleep(0.1)
 
 
