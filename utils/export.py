@@ -129,7 +129,10 @@ def run(program: list, nproc: int | list[int] | None = None, *, cwd, threads: in
     if nproc is None:
         launchers = [[sys.executable]]
     elif isinstance(nproc, int):
-        launchers = [[sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]]
+        # --local-addr: without it the agent names itself by the machine's hostname, which a machine without
+        # name resolution (a sandbox, a laptop offline) cannot look up, and the workers wait for it forever.
+        launchers = [[sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                      "--local-addr=127.0.0.1"]]
     else:
         endpoint = f"127.0.0.1:{_free_port()}"
         launchers = [[sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(nproc)}", f"--nproc-per-node={n}",
