@@ -2,10 +2,11 @@
 
 - ``assessment.ipynb``: the instructor edition (solutions, hidden tests, rubric); ``make release``
   writes the learner bundle, which holds only the learner edition.
-- ``settings``: batch, epochs, target; ``cgroups``: the whole-submission caps; ``criteria``: what each rank runs for each criterion (in the
-  sandbox); ``verdicts``: the judges and the one-process references (in the grader only).
+- ``settings``: batch, epochs, target; ``criteria``: the criteria, their points and feedback;
+  ``job``: the learner's torchrun script run on a tiny problem (in the sandbox) and judged (in the
+  grader, or in the notebook's check cell).
 - ``grade``: ``make grade SUBMISSIONS=folder``; it uses ``submission`` (validate a notebook and rebuild
-  it around the learner's cells), ``sandbox`` (the bubblewrap boundary and limits), ``run_notebook``
-  (execute it), ``probe`` (the learner's functions on fresh ranks) and ``model_file`` (the saved model,
-  loaded as untrusted input).
+  it around the learner's cells), ``sandbox`` (the bubblewrap boundary and limits), ``cgroups`` (the
+  whole-submission caps), ``run_notebook`` (execute it) and ``model_file`` (saved models, loaded as
+  untrusted input).
 """

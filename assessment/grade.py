@@ -5,10 +5,11 @@
 
 For each ``.ipynb`` (sorted by name), the grader rebuilds the notebook around the learner's cells
 (``assessment.submission``), runs it behind the sandbox's boundary (``assessment.sandbox``), runs the
-learner's functions on 2 and 3 fresh ranks in another sandbox (``assessment.probe``), then judges
-the probes' results (``assessment.verdicts``) and evaluates the saved model (``assessment.model_file``)
-in this process, on held-out images drawn with a seed made here and never written anywhere. The
-sandboxes see the grading view of the learner bundle (``utils.release``), never this repository.
+learner's torchrun script on a tiny problem in another sandbox (``assessment.job``: 2 processes, 3 on
+two simulated nodes, one rank failing, a batch to refuse), then judges what came back and evaluates
+the saved checkpoints (``assessment.model_file``) in this process, on held-out images drawn with a seed
+made here and never written anywhere. The sandboxes see the grading view of the learner bundle
+(``utils.release``), never this repository.
 Writes ``grades.csv`` (one row per submission, one column per criterion, ``total``, ``max_total``,
 empty columns for the written answers; rewritten after every submission), ``feedback/NAME.md`` and
 ``executed/NAME.ipynb``. Any error while grading one submission is that submission's row (0 points,
@@ -35,14 +36,13 @@ from pathlib import Path
 
 import nbformat
 
-from . import sandbox
-from .probe import CRITERIA as PROBED  # the criteria the probe's ranks decide
+from . import job, sandbox
 from .submission import SubmissionError, restore
 
 COURSE = "/course"   # where the sandboxes see the grading view of the learner bundle
 
-PROBE_WORLDS = (2, 3)
-BASELINE_CELL, RUN_CELL = "asmt-03", "asmt-20"   # the one-process baseline, and the run that counts
+JOB_CELL = "asmt-07"           # the %%writefile cell that holds the learner's script
+JUDGED = tuple(dict.fromkeys(job.CRITERION.values()))   # the criteria the script's runs decide
 WRITTEN = ("q1", "q2", "q3")
 
 
@@ -138,54 +138,20 @@ def judge_checkpoints(folder: Path, seed: int) -> tuple[bool, str]:
                    + "".join(f". Note: {n}" for n in notes))
 
 
-RESULTS_BYTES = 16 << 20   # a rank's results are tiny tensors and lists: more is an attack
+def job_script(nb: nbformat.NotebookNode) -> str:
+    """The learner's script: the job cell's body, without its %%writefile line (restore keeps the course's)."""
+    source = next((c.source for c in nb.cells if c.get("id") == JOB_CELL), "")
+    return source.split("\n", 1)[1] if source.startswith("%%writefile") and "\n" in source else ""
 
 
-def _load_probe(out: Path, world: int) -> list[dict] | str:
-    """Every rank's results, checked as untrusted archives before they are loaded (tensors only)."""
-    import torch
-
-    from .model_file import ModelFileError, check_results_archive
-    results = []
-    for rank in range(world):
-        path = out / f"world{world}_rank{rank}.pt"
-        if not path.exists():
-            return (f"on {world} ranks, rank {rank} stopped before it finished (it crashed, exited, or hung past "
-                    f"the time limit)")
-        try:
-            check_results_archive(path, RESULTS_BYTES)
-            results.append(torch.load(path, weights_only=True))
-        except ModelFileError as error:
-            return f"on {world} ranks, rank {rank}'s results were refused: {error}"
-        except Exception as error:
-            return f"on {world} ranks, rank {rank}'s results could not be read ({type(error).__name__})"
-    return results
-
-
-def judge_probes(out: Path, secret: int) -> dict[str, str | None]:
-    """Criterion -> None when it holds on every probed world size, else the first reason it fails."""
-    from . import verdicts as judges
-    verdicts: dict[str, str | None] = {}
-    for world in PROBE_WORLDS:
-        results = _load_probe(out, world)
-        for name in PROBED:
-            if verdicts.get(name):
-                continue
-            if isinstance(results, str):
-                verdicts[name] = results
-                continue
-            unfinished = {"error": "your code did not finish this check within the time limit: a loop that never ends, "
-                                   "or a collective that not every rank reaches"}
-            mine = [r.get(name, unfinished) for r in results]
-            errors = [m["error"] for m in mine if isinstance(m, dict) and "error" in m]
-            if errors:
-                verdicts[name] = f"on {world} ranks {errors[0]}"
-                continue
-            try:
-                verdicts[name] = judges.judge(name, mine, secret)
-            except Exception as error:  # malformed results (a submission that wrote its own): not passed
-                verdicts[name] = f"on {world} ranks the results were malformed ({type(error).__name__}: {error})"
-    return verdicts
+def load_job_state(path: Path) -> dict:
+    """The tiny job's checkpoint, loaded as untrusted input; ``Incorrect`` says why it cannot be judged."""
+    from utils.checks import Incorrect
+    state, why = load_checkpoint(path)
+    if state is None:
+        raise Incorrect(f"A.1: {why}" if why else f"A.1: no model was saved as {job.SAVED} in the folder given by "
+                                                  f"--out: rank 0 must save the model's weights there after every epoch")
+    return state
 
 
 def grade_one(path: Path, out: Path, options: argparse.Namespace) -> Grade:
@@ -239,22 +205,19 @@ def _grade(path: Path, out: Path, options: argparse.Namespace, grade: Grade) -> 
             (out / "executed").mkdir(parents=True, exist_ok=True)
             shutil.copy(ran / "executed.ipynb", out / "executed" / f"{safe_name(path.stem)}.ipynb")
 
-        probe_work, probe_out = scratch / "probe", scratch / "probe-out"
-        probe_work.mkdir()
-        (probe_work / "learner.py").write_text(submission.code)
-        secret = secrets.randbits(128)   # every rank's data comes from it: too many bits to guess
-        keep = [f"results/world{w}_rank{r}.pt" for w in PROBE_WORLDS for r in range(w)]
-        per_world = options.probe_timeout / len(PROBE_WORLDS)
-        (probe_work / "seed").write_text(str(secret))   # read and deleted by the probe before any learner code runs
-        probed = sandbox.run([sys.executable, "-m", "assessment.probe", "learner.py", "results", "seed",
-                              str(per_world), *map(str, PROBE_WORLDS)], probe_work, keep, probe_out,
-                             sandbox.Limits(wall_s=options.probe_timeout + 30), env, options.mode, view)
-        if probed.failure:
-            print(f"grader: {probed.failure}", file=sys.stderr)
-            verdicts = {name: f"the grader could not run the checks of your functions (not your code's fault; tell "
-                              f"your instructor): {probed.failure}" for name in PROBED}
+        job_work, job_out = scratch / "job", scratch / "job-out"
+        job_work.mkdir()
+        (job_work / settings.JOB_FILE).write_text(job_script(submission.restored))
+        seed = secrets.randbelow(2**31)   # the tiny job's shuffles and initial weights: new for every submission
+        keep = [f"results/{name}" for scenario in job.SCENARIOS for name in job.files(scenario)]
+        ran_job = sandbox.run([sys.executable, "-m", "assessment.job", settings.JOB_FILE, "results", str(seed)],
+                              job_work, keep, job_out, sandbox.Limits(wall_s=options.job_timeout), env, options.mode, view)
+        if ran_job.failure:
+            print(f"grader: {ran_job.failure}", file=sys.stderr)
+            verdicts = {name: f"the grader could not run your script (not your code's fault; tell your "
+                              f"instructor): {ran_job.failure}" for name in JUDGED}
         else:
-            verdicts = judge_probes(probe_out, secret)
+            verdicts = job.judge(job_out, seed, load_job_state)   # a scenario cut off by the time limit fails its criterion
         for name, reason in verdicts.items():
             grade.points[name] = criteria[name][0] if reason is None else 0
             if reason:
@@ -275,10 +238,10 @@ def _grade(path: Path, out: Path, options: argparse.Namespace, grade: Grade) -> 
 
 
 def without_checks(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """The notebook the grader runs: its check cells are left out (the probes judge the same criteria, and
-    the judges are not in the sandbox)."""
+    """The notebook the grader runs: its check cell is left out (the grader runs the same scenarios itself,
+    and judges them outside the sandbox)."""
     nb = nbformat.from_dict(nb)
-    nb.cells = [c for c in nb.cells if not (c.cell_type == "code" and "check_on_engines(" in c.source)]
+    nb.cells = [c for c in nb.cells if not (c.cell_type == "code" and "check_job(" in c.source)]
     return nb
 
 
@@ -409,7 +372,8 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="the quick-mode sizes (as the test suite runs)")
     parser.add_argument("--cell-timeout", type=int, default=300, help="seconds one cell may run")
     parser.add_argument("--notebook-timeout", type=int, default=900, help="seconds the whole notebook may run")
-    parser.add_argument("--probe-timeout", type=int, default=300, help="seconds the function probes may run")
+    parser.add_argument("--job-timeout", type=int, default=700,
+                        help="seconds the runs of the learner's script on the tiny problem may take, all four together")
     parser.add_argument("--trust-submissions", action="store_true",
                         help="grade without the sandbox's boundary where it cannot be made: only for your own notebook")
     options = parser.parse_args(argv)

@@ -1,7 +1,7 @@
 """The assessment's fixed settings: the notebook, its checks and the grader all read them from here.
 
 The task: the baseline trains one process at BASE_BATCH with BASE_LR; the learner's data-parallel
-job must train at GLOBAL_BATCH (SCALE times larger, so SCALE times fewer steps) for the same EPOCHS
+job (a torchrun script, run with WORKERS processes) must train at GLOBAL_BATCH (SCALE times larger, so SCALE times fewer steps) for the same EPOCHS
 and still reach TARGET accuracy at two evaluations in a row (two consecutive epochs' checkpoints),
 on held-out images that the grader draws afresh at grading time. The images are the shapes set at
 DIFFICULTY "hard" (in full mode), on which the CNN plateaus well below 100%. How these were chosen
@@ -9,7 +9,7 @@ is recorded in the course repository's benchmarks/README.md.
 """
 from utils import config
 
-WORKERS = 2                      # engines, one rank each
+WORKERS = 2                      # processes of the run that counts (torchrun --nproc-per-node WORKERS)
 DIFFICULTY = config.pick(quick="standard", full="hard")   # utils.data.shapes(difficulty=...)
 BASE_BATCH = 32
 BASE_LR = 0.02                   # SGD with momentum MOMENTUM; tuned for BASE_BATCH
@@ -23,7 +23,9 @@ TARGET = config.pick(quick=0.15, full=0.60)       # held-out accuracy two consec
 # Quick mode (the test suite) trains 3 epochs of 18 steps on the standard images: its target only tells
 # a trained model from an untrained one (chance is 0.10; the solution measured 0.19-0.27 after epochs 2-3).
 EVAL_SIZE = 2000                 # fresh held-out images the grader draws for every submission
-CHECKPOINT_DIR = "checkpoints"   # rank 0 saves the model there after every epoch: epoch_01.pt, epoch_02.pt, ...
+CHECKPOINT_DIR = "checkpoints"   # the run that counts: rank 0 saves the model there after every epoch (epoch_01.pt, ...)
+JOB_DIR = "assessment_job"       # the learner's script, written by the notebook's %%writefile cell
+JOB_FILE = "train_job.py"
 TIME_FACTOR = 1.0                # on a GPU: the DDP run may take at most this times the baseline's time
 
 

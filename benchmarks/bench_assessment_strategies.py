@@ -88,16 +88,13 @@ def learning_rate(strategy: str, step: int, base_lr: float, scale: int, warmup_s
 
 
 def solution_optimizer(parameters, global_batch: int, steps_per_epoch: int, epochs: int):
-    """The instructor edition's ``make_optimizer``, taken from the notebook and run as written."""
+    """The instructor edition's ``make_optimizer``, taken from the notebook's job script and run as written."""
     import nbformat
-    import torch
 
-    from assessment import settings
-    nb = nbformat.read(ROOT / "assessment" / "assessment.ipynb", as_version=4)
-    source = next(c.source for c in nb.cells if c.id == "asmt-17")
-    code = source.split("\n", 1)[1].split("\ndef train(")[0]          # after %%px, before train()
-    names = {"torch": torch, "settings": settings, "BASE_LR": settings.BASE_LR, "BASE_BATCH": settings.BASE_BATCH}
-    exec(compile(code, "assessment.ipynb:asmt-17", "exec"), names)
+    from assessment import grade
+    script = grade.job_script(nbformat.read(ROOT / "assessment" / "assessment.ipynb", as_version=4))
+    names = {"__name__": "train_job"}                     # the script's definitions, not its main block
+    exec(compile(script, "assessment.ipynb:train_job.py", "exec"), names)
     return names["make_optimizer"](parameters, global_batch, steps_per_epoch, epochs)
 
 

@@ -1,7 +1,7 @@
 """Grading time per submission, and the speed-up of grading two at a time.
 
 Grades a folder of N copies of the instructor edition (correct submissions, the slowest kind:
-every cell and every probe runs to the end) with ``--jobs 1`` and then ``--jobs J``, in the default
+every cell and every run of the script goes to its end) with ``--jobs 1`` and then ``--jobs J``, in the default
 (full) configuration unless ``--quick``, and checks that both CSVs are identical and give full marks.
 Reports seconds per submission for each and the speed-up (serial time / parallel time).
 

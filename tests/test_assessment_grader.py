@@ -1,11 +1,12 @@
-"""The grader on a whole class: good, half-done, broken and hostile submissions, graded in one batch.
+"""The grader on a whole class: good, partly right, broken and hostile submissions, graded in one batch.
 
 One batch of submissions is graded once (two at a time, quick mode) and every test reads its CSV,
-feedback and the machine's process table. Each hostile submission is the instructor's solution
-plus attacks, so the points it keeps show that the attacks neither helped it nor harmed the rest
-(except where the attack replaces the grader's functions: that fails every probed criterion). The
-escaper tries every way out of the sandbox an outside test found in the earlier grader and prints
-ESCAPED for each that works; the thief looks everywhere for the instructor edition.
+feedback and the machine's process table. The one code cell a learner writes is the job script (a
+%%writefile cell: its code runs only as the script, under torchrun, in the grader's runs and in the
+notebook's run that counts). Each hostile submission is the instructor's script plus attacks, so the
+points it keeps show that the attacks neither helped it nor harmed the rest. The escaper tries every
+way out of the sandbox an outside test found in an earlier grader and prints ESCAPED for each that
+works; the thief looks everywhere for the instructor edition.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from utils.release import learner_notebook
 
 ROOT = INSTRUCTOR.parent.parent
 FULL = sum(points for points, _ in CRITERIA.values())
-GRADER_ARGS = ["--quick", "--cell-timeout", "60", "--notebook-timeout", "600", "--probe-timeout", "120"]
+GRADER_ARGS = ["--quick", "--cell-timeout", "300", "--notebook-timeout", "900", "--job-timeout", "500"]
 pytestmark = pytest.mark.timeout(3600)  # the batch is graded once, in the first test's set-up
 
 
@@ -39,119 +40,108 @@ def cell(nb, cell_id):
     return next(c for c in nb.cells if c.id == cell_id)
 
 
-def edited(changes: dict[str, str], base=None):
-    """The instructor's notebook (or ``base``) with the sources of some cells replaced."""
+SCRIPT = "asmt-07"      # the learner's %%writefile cell: the one code cell a submission writes
+
+
+def script_with(*replacements, base=None):
+    """The instructor's notebook with its job script changed: each (old, new) replaced, old required."""
     nb = base or instructor()
-    for cell_id, source in changes.items():
-        cell(nb, cell_id).source = textwrap.dedent(source).strip("\n")
+    text = cell(nb, SCRIPT).source
+    for old, new in replacements:
+        assert old in text, f"the assessment's script no longer contains {old!r}: update this test"
+        text = text.replace(old, new)
+    cell(nb, SCRIPT).source = text
     return nb
 
 
-def appended(cell_id: str, code: str, base=None):
-    """The solution with ``code`` added at the end of one of the learner's cells."""
-    nb = base or instructor()
-    cell(nb, cell_id).source += "\n\n" + textwrap.dedent(code).strip("\n")
-    return nb
-
-
-def half_solved():
-    """Only make_train_loader (2 points) and global_mean (1 point) solved."""
-    learner, solution = learner_notebook(instructor()), instructor()
-    for cell_id in ("asmt-08", "asmt-14"):
-        cell(learner, cell_id).source = cell(solution, cell_id).source
-    return learner
+def script_plus(code: str, at: str = 'if __name__ == "__main__":', base=None):
+    """The instructor's script with ``code`` (top-level Python) put before the line ``at``."""
+    return script_with((at, textwrap.dedent(code).strip("\n") + "\n\n\n" + at), base=base)
 
 
 def tampered():
-    """Given cells deleted (two checks), moved and edited (the run that counts at a small batch)."""
+    """Given cells deleted (the check), moved and edited (the run that counts at a small batch)."""
     nb = instructor()
-    nb.cells = [c for c in nb.cells if c.id not in ("asmt-09", "asmt-12")]
+    nb.cells = [c for c in nb.cells if c.id != "asmt-08"]
     nb.cells.insert(1, nb.cells.pop(5))
-    cell(nb, "asmt-20").source = "%%px\nhistory = train(settings.EPOCHS * 3, settings.BASE_BATCH, settings.CHECKPOINT_DIR)"
+    cell(nb, "asmt-20").source = cell(nb, "asmt-20").source.replace('f"--out={settings.CHECKPOINT_DIR}"',
+                                                                    'f"--out={settings.CHECKPOINT_DIR}", "--global-batch=32"')
     return nb
 
 
+# A per-rank batch written for 2 processes: right on 2, wrong on 3 (the issue's "right at 2, wrong at 3").
+WRONG_AT_THREE = [("batch_size=args.global_batch // world_size", "batch_size=args.global_batch // 2")]
+
 CHEATER = """
-%%px
 # Reports success without earning it, and tries to reach what it must not.
-import glob, json, os
+import glob, json, os, sys
 json.dump({"accuracy": 0.99}, open("metrics.json", "w"))
 open("grades.csv", "w").write("submission,total\\ncheater,999\\n")
-criteria.rank_job = lambda *args: {}
-criteria.check_on_engines = lambda *a, **k: print("passed")
 try:
-    from assessment import verdicts        # the judges: not in the sandbox
-    verdicts.judge = lambda *args: None
+    from assessment import grade        # the grader: not in the sandbox
+    grade.judge_checkpoints = lambda *args: (True, "passed")
 except ImportError:
     pass
 try:
-    open(os.path.join(os.path.dirname(criteria.__file__), "grade.py"), "a").write("\\n# edited")
+    open(os.path.join(os.path.dirname(settings.__file__), "grade.py"), "a").write("\\n# edited")
 except OSError:
     pass
 seen = {p: open(f"/proc/{p}/environ", "rb").read() for p in os.listdir("/proc") if p.isdigit()
         and os.access(f"/proc/{p}/environ", os.R_OK)}
 
-def train(epochs, global_batch, checkpoint_dir):      # no training: fake checkpoints and fake logs
+
+def train(args, rank, world_size, device):      # no training: fake checkpoints, fake logs, fake records
     if rank == 0:
-        os.makedirs(checkpoint_dir, exist_ok=True)
-        for epoch in range(1, epochs + 1):
-            torch.save({"weight": torch.zeros(3)}, os.path.join(checkpoint_dir, settings.checkpoint_name(epoch)))
-        print("epoch 3  train loss 0.001  test accuracy 0.990")
-    return [{"epoch": 3, "train_loss": 0.001, "test_accuracy": 0.99, "seconds": 0.1}]
+        os.makedirs(args.out, exist_ok=True)
+        for epoch in range(args.epochs):
+            torch.save({"weight": torch.zeros(3)}, os.path.join(args.out, settings.checkpoint_name(epoch + 1)))
+            print(f"epoch {epoch} train_loss 0.001 test_accuracy 0.9900 seconds 0.1")
+    probe = os.environ.get("COURSE_PROBE_DIR")
+    if probe:
+        os.makedirs(probe, exist_ok=True)
+        json.dump({"rank": os.environ["RANK"], "forged": True}, open(os.path.join(probe, f"rank{os.environ['RANK']}.json"), "w"))
 """
 
-LEAVER = """
-%%px
-# Leaves processes behind: a daemon in its own session, and a second cluster never stopped.
+LEAVER_FLOODER = """
+# Leaves a process behind in its own session, prints a flood and fills the disk, then carries on.
 import subprocess, sys
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(987)"], start_new_session=True,
                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-if rank == 0:
-    import ipyparallel
-    ipyparallel.Cluster(n=1, cluster_id="left-behind", log_level=40).start_cluster_sync()
-"""
-
-FLOODER = """
-%%px
-# Prints a flood and fills the disk, then cleans up its files and carries on.
-if rank == 0:
+if os.environ.get("RANK") == "0":
     for _ in range(12):
         print("y" * 1_000_000)
-    import os
-    written = 0
+    _written = 0
     try:
         while True:
-            with open(f"fill{written}.bin", "wb") as f:
-                f.write(b"z" * (16 << 20))
-            written += 1
+            with open(f"fill{_written}.bin", "wb") as _f:
+                _f.write(b"z" * (16 << 20))
+            _written += 1
     except OSError:
         pass
-    for i in range(written + 1):
-        if os.path.exists(f"fill{i}.bin"):
-            os.remove(f"fill{i}.bin")
+    for _i in range(_written + 1):
+        if os.path.exists(f"fill{_i}.bin"):
+            os.remove(f"fill{_i}.bin")
 """
-
 
 HOST_MARKER = f"/tmp/course-grader-test-marker-{os.getpid()}"
 
+# Runs in every process of every run of the script, and tries every way out; rank 0 of the run that
+# counts prints ESCAPED for each that works, at its end (the notebook shows the output's last lines).
 ESCAPER = """
-%%px --local
-# Runs in the kernel and on every engine: tries every way out, prints ESCAPED for each that works.
-import glob, os, site, subprocess
-def _escaped(what):
-    print(f"ESCAPED: {what}")
+import glob, site, subprocess
+_escaped = []
 if os.getuid() == 0 or os.geteuid() == 0:
-    _escaped("runs as root")
+    _escaped.append("runs as root")
 if subprocess.run(["mount", "-o", "remount,rw", "/course"], capture_output=True).returncode == 0:
-    _escaped("remounted the course read-write")
-for _target in [criteria.__file__, *(os.path.join(p, "course-evil.pth") for p in site.getsitepackages())]:
+    _escaped.append("remounted the course read-write")
+for _target in [settings.__file__, *(os.path.join(p, "course-evil.pth") for p in site.getsitepackages())]:
     try:
         open(_target, "a").write("\\n")
-        _escaped(f"wrote {_target}")
+        _escaped.append(f"wrote {_target}")
     except OSError:
         pass
 if glob.glob("HOST_MARKER*"):
-    _escaped("sees the host's /tmp")
+    _escaped.append("sees the host's /tmp")
 for _top in ("/", "/root", "/home", "/srv", "/work", "/run", "/var", "/mnt", "/opt"):
     for _dir, _subdirs, _files in os.walk(_top):
         if _dir.startswith(("/proc", "/sys", "/usr", "/dev")) or "site-packages" in _dir:
@@ -160,91 +150,70 @@ for _top in ("/", "/root", "/home", "/srv", "/work", "/run", "/var", "/mnt", "/o
         for _name in _files:
             _path = os.path.join(_dir, _name)
             if _name.endswith(".ipynb") and not _path.startswith(("/course/", os.getcwd())):
-                _escaped(f"sees another notebook {_path}")
+                _escaped.append(f"sees another notebook {_path}")
             if _name == "grades.csv" or (_name.startswith("kernel-") and _name.endswith(".json")
                                          and not _path.startswith(os.getcwd())):
-                _escaped(f"sees {_path}")
+                _escaped.append(f"sees {_path}")
             if (_name.endswith(".ipynb") and not _path.startswith(os.getcwd())
                     and "BEGIN SOLUTION" in open(_path, errors="replace").read()):
-                _escaped(f"found the instructor edition at {_path}")
-# A flood of display updates (each replaces the output shown under one display id).
-from IPython.display import display
-_handle = display("start", display_id=True)
-for _ in range(40 if _handle is not None else 0):   # None outside IPython (in the grader's probes)
-    _handle.update("u" * 200_000)
-# The model file the run saves is swapped for sparse tensors after the run that counts.
-_train = train
-def train(epochs, global_batch, checkpoint_dir):
-    history = _train(epochs, global_batch, checkpoint_dir)
-    if globals().get("rank", 0) == 0 and checkpoint_dir == settings.CHECKPOINT_DIR:
-        import glob
-        for path in glob.glob(f"{checkpoint_dir}/*.pt"):
-            torch.save({k: v.to_sparse() for k, v in torch.load(path).items()}, path)
-    return history
+                _escaped.append(f"found the instructor edition at {_path}")
+_solution_train = train
+
+
+def train(args, rank, world_size, device):
+    _solution_train(args, rank, world_size, device)
+    if rank == 0:
+        for _what in _escaped:
+            print(f"ESCAPED: {_what}")
+    if rank == 0 and args.out == settings.CHECKPOINT_DIR:   # the run that counts: its checkpoints made sparse
+        for _path in glob.glob(f"{args.out}/*.pt"):
+            torch.save({k: v.to_sparse() for k, v in torch.load(_path).items()}, _path)
 """.replace("HOST_MARKER", HOST_MARKER)
 
+# Looks for the instructor edition anywhere it can read and runs its script; breaks what it can.
 THIEF = """
-# Looks for the instructor edition anywhere it can read and runs its solution of this cell.
-import json, os
+import json, os, sys
+# A status file planted read-only, and a lone surrogate in the output: each once ended the batch.
+json.dump({"completed": True, "cell_errors": [{"cell": "x", "message": "\\ud800 \\x1b[2J"}]}, open("status.json", "w"))
+os.chmod("status.json", 0o444)
+print("\\ud800".encode("utf-8", "surrogatepass").decode("utf-8", "replace"), "\\x1b[2J")
 def _notebooks():
     for top, dirs, files in os.walk("/"):
         if top.startswith(("/proc", "/sys", "/dev", "/usr")) or "site-packages" in top:
             dirs[:] = []
             continue
         yield from (os.path.join(top, f) for f in files if f.endswith(".ipynb"))
-def _solutions():
-    for path in _notebooks():
-        try:
-            cells = json.load(open(path))["cells"]
-        except (OSError, ValueError, KeyError):
-            continue
-        for c in cells:
-            text = "".join(c["source"])
-            if "BEGIN SOLUTION" in text and c["cell_type"] == "code":
-                yield text.replace("%%px", "")
-for _code in _solutions():
-    exec(_code)
-"""
-
-
-# Found by an outside test. A cell without %%px ran in the notebook's kernel, where the given baseline
-# lives, and saved its model; the grader now runs every learner cell where the course's cell runs.
-BASELINE_IN_THE_KERNEL = """
-import os
-model, _ = train_one_process(settings.EPOCHS, settings.BASE_BATCH, settings.BASE_LR)
-os.makedirs(settings.CHECKPOINT_DIR, exist_ok=True)
-for epoch in range(1, settings.EPOCHS + 1):
-    torch.save(model.state_dict(), os.path.join(settings.CHECKPOINT_DIR, settings.checkpoint_name(epoch)))
-"""
-# A lone surrogate in an error, and a status file planted read-only: each once ended the batch.
-SURROGATE = "%%px\nraise ValueError('\\ud800')"
-PLANTER = """%%px
-import json, os
-if rank == 0:
-    json.dump({"completed": True, "cell_errors": [{"cell": "x", "message": "\\ud800 \\x1b[2J"}]}, open("status.json", "w"))
-    os.chmod("status.json", 0o444)
+for _path in _notebooks():
+    try:
+        _cells = json.load(open(_path))["cells"]
+    except (OSError, ValueError, KeyError):
+        continue
+    for _c in _cells:
+        _text = "".join(_c["source"])
+        if "BEGIN SOLUTION" in _text and _text.startswith("%%writefile"):
+            exec(_text.split("\\n", 1)[1], {"__name__": "__main__"})
+            sys.exit(0)
 """
 
 
 def batch() -> dict:
     learner = learner_notebook(instructor())
     other = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('another course')")])
+    thief = learner_notebook(instructor())
+    cell(thief, SCRIPT).source = "%%writefile {settings.JOB_DIR}/train_job.py\n" + textwrap.dedent(THIEF).strip("\n")
     return {
         "a_instructor": instructor(),
         "b_learner": learner,
-        "c_half": half_solved(),
+        "c_wrong_at_three": script_with(*WRONG_AT_THREE),
         "d_invalid_json": '{"cells": [ this is not json',
         "e_other_course": other,
         "f_tampered": tampered(),
-        "g_infinite_loop": appended("asmt-17", "def train(epochs, global_batch, checkpoint_dir):\n    while True:\n        pass"),
-        # sys.exit on the engines (and in the probe's ranks), then os._exit on the engines
-        "h_exits": edited({"asmt-14": "import os\nos._exit(3)"}, appended("asmt-11", "import sys\nsys.exit(2)")),
-        "i_cheater": appended("asmt-17", CHEATER.replace("%%px\n", "", 1)),
-        "j_leaver_flooder": appended("asmt-14", FLOODER.replace("%%px\n", "", 1),
-                                     appended("asmt-17", LEAVER.replace("%%px\n", "", 1))),
-        "k_escaper": _escaper(),
-        "l_thief": edited({"asmt-08": "%%px\n" + THIEF, "asmt-11": PLANTER, "asmt-14": SURROGATE,
-                           "asmt-17": BASELINE_IN_THE_KERNEL}, learner_notebook(instructor())),
+        # the script ends every process at once, before any training
+        "h_exits": script_with(('    args = parse_args()\n', '    os._exit(3)\n')),
+        "i_cheater": script_plus(CHEATER),
+        "j_leaver_flooder": script_plus(LEAVER_FLOODER),
+        "k_escaper": script_plus(ESCAPER),
+        "l_thief": thief,
         # Files that once ended the whole batch: wrong JSON types, deep nesting, a huge number; and
         # names a spreadsheet would run as formulas.
         "m_wrong_types": '{"cells": [{"cell_type": 5, "source": [1]}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}',
@@ -257,15 +226,6 @@ def batch() -> dict:
         "r_vic_tim": other,
         "z_after_the_attacks": instructor(),   # graded after every attack above: still full marks
     }
-
-
-def _escaper():
-    nb = instructor()
-    source = cell(nb, "asmt-17").source.replace("%%px\n", "", 1)
-    # The escaper's own lines come first; the solution's train() is defined after them, so wrap it last.
-    head, wrap = ESCAPER.strip("\n").split("# The model file the run saves", 1)
-    cell(nb, "asmt-17").source = head + "\n" + source + "\n\n# The model file the run saves" + wrap
-    return nb
 
 
 def write_batch(folder, submissions: dict):
@@ -348,16 +308,17 @@ def test_the_learner_edition_scores_zero_and_says_why(graded):
     table, feedback, *_ = graded
     assert total(table["b_learner"]) == 0
     text = feedback["b_learner"]
-    for name in ("sharding", "ddp_step", "metrics", "training_job"):
+    for name in CRITERIA:
         assert f"**{name}** (0/" in text
-    assert "NotImplementedError" in text and "saved no checkpoint" in text
+    assert "not solved yet" in text and "saved no checkpoint" in text
 
 
-def test_a_half_solved_notebook_gets_exactly_the_points_it_earned(graded):
+def test_a_job_right_on_two_processes_but_wrong_on_three_loses_the_job_criterion_only(graded):
     table, feedback, *_ = graded
-    row = table["c_half"]
-    assert (int(row["sharding"]), int(row["metrics"]), int(row["ddp_step"]), int(row["training_job"]),
-            int(row["target"])) == (2, 1, 0, 0, 0), feedback["c_half"]
+    row = table["c_wrong_at_three"]
+    assert (int(row["job"]), int(row["failure"]), int(row["refusal"]), int(row["target"])) == (0, 2, 1, 4), \
+        feedback["c_wrong_at_three"]
+    assert "3 processes" in feedback["c_wrong_at_three"] and "in batches of" in feedback["c_wrong_at_three"]
 
 
 @pytest.mark.parametrize("name, words", [("d_invalid_json", "not valid JSON"),
@@ -374,30 +335,18 @@ def test_deleted_moved_and_edited_given_cells_are_restored(graded):
         assert words in feedback["f_tampered"]
 
 
-def test_an_infinite_loop_costs_only_what_it_blocks(graded):
-    table, feedback, *_ = graded
-    row = table["g_infinite_loop"]
-    assert int(row["training_job"]) == 0 and int(row["target"]) == 0
-    assert int(row["sharding"]) + int(row["ddp_step"]) + int(row["metrics"]) == 5, feedback["g_infinite_loop"]
-    assert "60 s" in feedback["g_infinite_loop"]
-
-
-def test_sys_exit_and_engines_killed_by_os_exit_are_graded_with_the_reasons(graded):
-    # A learner's cell runs on the engines (never in the notebook's kernel): os._exit ends the engines.
+def test_a_script_that_exits_at_once_scores_zero_with_the_reasons(graded):
     table, feedback, *_ = graded
     assert total(table["h_exits"]) == 0
     text = feedback["h_exits"]
-    assert "SystemExit" in text and "NoEnginesRegistered" in text
+    assert "exited with 3" in text and "ended without a trace" in text, text
 
 
-def test_fake_results_patched_checks_and_a_fake_model_earn_nothing(graded):
+def test_fake_logs_fake_records_and_a_fake_model_earn_nothing(graded):
     table, feedback, out, _ = graded
     row = table["i_cheater"]
-    # It replaced two of the grader's functions: every probed criterion fails, and says why.
     assert total(row) == 0, feedback["i_cheater"]
-    assert "your code replaced" in feedback["i_cheater"]
-    assert "assessment.criteria.rank_job" in feedback["i_cheater"]
-    assert "assessment.criteria.check_on_engines" in feedback["i_cheater"]
+    assert "built no DistributedSampler" in feedback["i_cheater"], feedback["i_cheater"]
     assert "every checkpoint in checkpoints/ was refused" in feedback["i_cheater"]
     assert not (out / "metrics.json").exists()
     assert "# edited" not in (ROOT / "assessment" / "grade.py").read_text()
@@ -408,7 +357,6 @@ def test_no_way_out_of_the_sandbox_works_and_the_attacks_cost_only_the_attacker(
     executed = out / "executed" / "k_escaper.ipynb"
     outputs = json.dumps([c.get("outputs", []) for c in nbformat.read(executed, as_version=4).cells])
     assert "ESCAPED" not in outputs, [line for line in outputs.split("\\n") if "ESCAPED" in line][:5]
-    assert "your code raised" not in feedback["k_escaper"], feedback["k_escaper"]  # every attack ran to its end
     assert executed.stat().st_size < 4 << 20, "display updates went past the output cap"
     row = table["k_escaper"]
     assert total(row) == FULL - CRITERIA["target"][0], feedback["k_escaper"]
@@ -442,7 +390,7 @@ def test_the_thiefs_and_breakers_notebook_scores_zero_and_breaks_nothing(graded)
     text = feedback["l_thief"]
     assert total(table["l_thief"]) == 0, text
     assert "\x1b" not in text and "\ud800" not in text
-    assert "saved no checkpoint" in text, text   # the kernel's baseline was out of reach of the learner's cell
+    assert "saved no checkpoint" in text, text
 
 
 def test_left_processes_a_flood_of_output_and_a_full_disk_do_not_reach_the_grader(graded):
@@ -454,12 +402,12 @@ def test_left_processes_a_flood_of_output_and_a_full_disk_do_not_reach_the_grade
 
 def test_grading_in_parallel_gives_the_same_csv_as_grading_one_at_a_time(graded, tmp_path):
     table, *_ = graded                                  # the batch was graded two at a time
-    names = ("a_instructor", "c_half", "h_exits")       # full marks, some points, none
+    names = ("a_instructor", "c_wrong_at_three", "h_exits")   # full marks, some points, none
     write_batch(tmp_path / "few", {name: nb for name, nb in batch().items() if name in names})
     assert grade(tmp_path / "few", tmp_path / "serial", 1).returncode == 0
     serial = rows(tmp_path / "serial")
     assert {name: serial[name] for name in names} == {name: table[name] for name in names}
-    assert [total(serial[name]) for name in names] == [FULL, 3, 0]
+    assert [total(serial[name]) for name in names] == [FULL, 7, 0]
     assert leftovers() == []
 
 
@@ -484,11 +432,21 @@ def test_restore_refuses_what_is_not_a_notebook_and_names_missing_cells(tmp_path
     with pytest.raises(SubmissionError, match="not a notebook"):
         restore(tmp_path / "bad.ipynb")
     nb = instructor()
-    nb.cells = [c for c in nb.cells if c.id != "asmt-14"]
+    nb.cells = [c for c in nb.cells if c.id != SCRIPT]
     nbformat.write(nb, tmp_path / "missing.ipynb")
     restored = restore(tmp_path / "missing.ipynb")
-    assert any("asmt-14" in note and "stub" in note for note in restored.notes)
-    assert "NotImplementedError" in cell(restored.restored, "asmt-14").source
+    assert any(SCRIPT in note and "stub" in note for note in restored.notes)
+    assert "NotImplementedError" in cell(restored.restored, SCRIPT).source
+    assert "NotImplementedError" in grade_module.job_script(restored.restored)
+
+
+def test_the_script_is_the_job_cell_without_its_writefile_line():
+    nb = instructor()
+    script = grade_module.job_script(nb)
+    assert script.startswith('"""The assessment') and "%%writefile" not in script
+    compile(script, "train_job.py", "exec")
+    cell(nb, SCRIPT).source = "print('no magic line')"
+    assert grade_module.job_script(nb) == ""
 
 
 def test_the_command_line_refuses_a_missing_folder(tmp_path):
@@ -501,7 +459,7 @@ def test_the_learner_edition_has_no_solution_rubric_or_hidden_test():
     text = "\n".join(c.source for c in learner_notebook(instructor()).cells)
     for words in ("Rubric", "Model answer", "HIDDEN TESTS", "BEGIN SOLUTION", "DistributedSampler(train_set"):
         assert words not in text, f"the learner edition still shows {words!r}"
-    assert text.count("YOUR ANSWER HERE") == 3 and text.count("raise NotImplementedError") == 6
+    assert text.count("YOUR ANSWER HERE") == 3 and text.count("raise NotImplementedError") == 4
 
 
 def test_display_updates_count_against_the_output_cap(tmp_path):

@@ -415,24 +415,55 @@ def test_restore_raises_only_submission_error_for_any_json(tmp_path_factory, con
         return
     assert isinstance(submission, Submission) and set(submission.answers) <= set(OWNED)
     nbformat.writes(submission.restored).encode("utf-8")  # the grader can write out what it runs,
-    submission.code.encode("utf-8")                        # and the learner's code for the probes
+    submission.code.encode("utf-8")                        # and the learner's code
 
 
-# ---- the probes' results: written inside the sandbox, loaded by the grader ----
+# ---- the script's runs: files written inside the sandbox, read by the grader ----
 
-def test_a_probe_results_file_that_is_a_zip_bomb_is_refused_without_expanding(tmp_path):
-    """An outside test replaced a rank's results with an 8 MB file that torch.load expanded to 8 GiB in the
-    grader's own process: the batch was killed for memory."""
+def _returned_files(folder, scenario="two", records=None, code="0"):
+    from assessment import job
+    folder.mkdir(exist_ok=True)
+    (folder / f"{scenario}_code.txt").write_text(code)
+    (folder / f"{scenario}_output.txt").write_text("")
+    for rank, record in (records or {}).items():
+        (folder / f"{scenario}_rank{rank}.json").write_text(record)
+    return job
+
+
+def _no_state(path):
+    raise AssertionError("the judge loaded a checkpoint of a run that had already failed")
+
+
+def test_records_the_script_forged_or_broke_fail_the_criterion_with_a_reason(tmp_path):
+    """Each file comes from the sandbox: whatever it holds, the criterion fails with a reason, and nothing else."""
+    cases = {
+        "not json": {0: "{not json", 1: "{}"},
+        "a list": {0: "[1, 2]", 1: "[]"},
+        "another rank's": {0: json.dumps({"rank": "1"}), 1: json.dumps({"rank": "1"})},
+        "fields missing": {0: json.dumps({"rank": "0"}), 1: json.dumps({"rank": "1", "forged": True})},
+        "deep": {0: "[" * 50_000 + "]" * 50_000, 1: "{}"},
+        "huge": {0: '{"rank": "0", "printed": "' + "x" * (8 << 20) + '"}', 1: "{}"},
+    }
+    for name, records in cases.items():
+        job = _returned_files(tmp_path / name.replace(" ", "_"), records=records)
+        verdicts = job.judge(tmp_path / name.replace(" ", "_"), 0, _no_state)
+        assert verdicts["job"] and verdicts["job"].startswith("A.1:"), (name, verdicts)
+        assert verdicts["failure"] and verdicts["refusal"], (name, verdicts)   # not run: no file, no point
+    job = _returned_files(tmp_path / "code", code="rm -rf /")
+    assert "could not be read" in job.judge(tmp_path / "code", 0, _no_state)["job"]
+
+
+def test_a_tiny_jobs_checkpoint_is_loaded_as_untrusted_input(tmp_path):
+    """A zip bomb saved by the script's rank 0 is refused by model_file before it expands."""
     from assessment import grade
-    good = tmp_path / "world2_rank0.pt"
-    torch.save({"sharding": {"epochs": [[[1, 2]]]}}, good)
-    model_file.check_results_archive(good, grade.RESULTS_BYTES)          # a real results file passes
     entries = [(f"archive/data/{i}", zipfile.ZIP_DEFLATED, deflated_zeros(256), 256 << 20) for i in range(8)]
-    write_zip(tmp_path / "world2_rank1.pt", [("archive/data.pkl", zipfile.ZIP_STORED, b"x", 1), *entries])
-    with memory_growth() as grew:
-        reason = grade._load_probe(tmp_path, 2)
+    write_zip(tmp_path / "bomb.pt", [("archive/data.pkl", zipfile.ZIP_STORED, b"x", 1), *entries])
+    from utils.checks import Incorrect
+    with memory_growth() as grew, pytest.raises(Incorrect, match="A.1: bomb.pt was refused"):
+        grade.load_job_state(tmp_path / "bomb.pt")
     assert grew["bytes"] < 100e6
-    assert isinstance(reason, str) and "rank 1's results were refused" in reason, reason
+    with pytest.raises(Incorrect, match="no model was saved"):
+        grade.load_job_state(tmp_path / "nowhere.pt")
 
 
 # Found by an outside test: one trained model saved under every epoch's name passed "two evaluations in a

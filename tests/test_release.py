@@ -179,7 +179,7 @@ def test_the_learner_bundle_works_and_holds_none_of_the_assessments_secrets(tmp_
             leaked = [line for line in secrets if line in text]
             assert not leaked, f"{path.relative_to(bundle)} holds the assessment's {leaked[:3]}"
     for name in ("Makefile", "pyproject.toml", "environment.yml", "README.md", "tests/conftest.py",
-                 "assessment/assessment.ipynb", "assessment/verdicts.py", "assessment/grade.py", "utils/release.py"):
+                 "assessment/assessment.ipynb", "assessment/job.py", "assessment/grade.py", "utils/release.py"):
         assert (bundle / name).is_file(), f"the bundle lacks {name}"
     assert all("BEGIN SOLUTION" not in p.read_text() for p in bundle.rglob("*.ipynb"))
     # make lab's first step, and make test's collection, work inside the bundle on its own files.
@@ -204,10 +204,11 @@ def test_lab_solutions_go_in_only_when_asked_and_never_the_assessments(tmp_path)
 def test_the_graders_sandbox_view_has_no_judge_reference_grader_or_tests(tmp_path):
     release.write_release(tmp_path / "view", for_grading=True)
     names = {str(p.relative_to(tmp_path / "view")) for p in (tmp_path / "view").rglob("*") if p.is_file()}
-    for hidden in ("assessment/verdicts.py", "assessment/grade.py", "assessment/sandbox.py", "assessment/model_file.py"):
+    for hidden in ("assessment/grade.py", "assessment/sandbox.py", "assessment/model_file.py", "assessment/cgroups.py"):
         assert hidden not in names
     assert not any(name.startswith(("tests/", "labs/")) for name in names)
-    assert {"assessment/criteria.py", "assessment/probe.py", "assessment/run_notebook.py"} <= names
+    assert {"assessment/criteria.py", "assessment/job.py", "assessment/run_notebook.py", "assessment/settings.py",
+            "utils/checks/job_check.py", "utils/checks/job_probe.py"} <= names
 
 
 # The assessment leaves the learning-rate decision to the learner (lab 07 taught the options): no word

@@ -112,13 +112,13 @@ def source_notebooks(root: Path = COURSE_ROOT) -> list[Path]:
 
 
 # What the bundle holds besides the notebooks. The assessment's modules are the ones its notebook and
-# the self-check (`make grade` on one's own notebook) need; `verdicts` (the judges and references) is
-# in the bundle, where it checks a learner's own work, but never in the grader's sandbox.
+# the self-check (`make grade` on one's own notebook) need; the grader's own modules are in the bundle,
+# where they grade a learner's own notebook, but never in the grader's sandbox.
 BUNDLE_FILES = ("Makefile", "pyproject.toml", "environment.yml", "README.md", ".gitignore")
 BUNDLE_FOLDERS = ("utils",)
-ASSESSMENT_MODULES = ("__init__.py", "settings.py", "criteria.py", "verdicts.py", "probe.py", "run_notebook.py",
+ASSESSMENT_MODULES = ("__init__.py", "settings.py", "criteria.py", "job.py", "run_notebook.py",
                       "submission.py", "grade.py", "sandbox.py", "cgroups.py", "model_file.py")
-GRADER_ONLY = ("verdicts.py", "grade.py", "sandbox.py", "cgroups.py", "model_file.py")   # left out of the sandbox's view
+GRADER_ONLY = ("grade.py", "sandbox.py", "cgroups.py", "model_file.py")   # left out of the sandbox's view
 # The library's own tests: none of them holds a lab's or the assessment's solution.
 BUNDLE_TESTS = ("conftest.py", "spawn_ranks.py", "test_batch_size.py", "test_collectives.py",
                 "test_collectives_report.py", "test_config.py", "test_data.py", "test_ddp.py", "test_ddp_costs.py",

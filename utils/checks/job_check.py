@@ -382,6 +382,14 @@ class JobCheck:
     def _diagnose_calls(self, records: dict, nproc: int) -> list:
         """What each rank called, did and printed. Returns the epochs that set_epoch gave the sampler."""
         first = []
+        def trained(rec):   # training steps through DDP, or optimizer steps without it
+            return bool(rec["batches"] or rec.get("steps"))
+
+        idle = sorted(rank for rank, rec in records.items() if rank and not trained(rec))
+        expect(not idle or not trained(records[0]),
+               f"{self.label}: rank(s) {idle} never trained (no training step, no DDP model) while rank 0 did: every "
+               f"rank trains on its own share of each global batch, through the DDP wrapper, or the job is one process "
+               f"doing all the work while the others wait.")
         for rank, rec in sorted(records.items()):
             samplers = [s for s in rec["samplers"] if s["size"] == self.job["train_size"]]
             expect(samplers, f"{self.label}: rank {rank} built no DistributedSampler over the training set: every rank then "

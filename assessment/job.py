@@ -1,0 +1,174 @@
+"""The assessment's job: the learner's torchrun script, checked in the notebook and judged by the grader.
+
+The script is run the way lab 06's check runs its job (``utils.checks.job_check``): under
+``utils.checks.job_probe`` on a tiny problem, with a time limit, in four scenarios:
+
+- ``two``: 2 processes on one node;
+- ``three``: 3 processes on two simulated GPU nodes (2 + 1, so ``LOCAL_RANK`` differs from ``RANK``);
+- ``failure``: 2 processes on two nodes, rank 1 raising in its 3rd training step;
+- ``refusal``: 3 processes on two nodes given a global batch they cannot share equally.
+
+The learner picks the optimizer and its schedule, so the one-process reference takes the optimizer
+steps the ranks recorded (``REPLAYED_OPTIMIZER``). ``run(script, folder, seed)`` runs the scenarios and
+writes what came back (exit codes, output, each rank's record, the checkpoint) into ``folder``;
+``judge(folder, seed, load_state)`` turns those files into a verdict per criterion. The grader runs the
+first inside its sandbox and the second in its own process, treating every file as hostile (a
+malformed one fails the criterion); ``check_job`` does both here, for the notebook's check cell.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from utils.checks import Incorrect, NotSolved
+from utils.checks.job_check import REPLAYED_OPTIMIZER, JobCheck
+
+# No module-level import of assessment.settings: it reads COURSE_QUICK when first imported, and the grader
+# imports this module before it sets that from its --quick option.
+JOB_EPOCHS = 2
+SAVED = f"epoch_{JOB_EPOCHS:02d}.pt"   # the tiny job's last checkpoint (settings.checkpoint_name), compared with one process
+REFUSED_BATCH = 20                                 # divides by 2 and 4, not by 3
+SCENARIOS = {   # name: (processes per node, settings changed, rank that fails, step at which it fails)
+    "two": ([2], {}, None, 0),
+    "three": ([2, 1], {}, None, 0),
+    "failure": ([1, 1], {}, 1, 3),
+    "refusal": ([2, 1], {"global_batch": REFUSED_BATCH}, None, 0),
+}
+CRITERION = {"two": "job", "three": "job", "failure": "failure", "refusal": "refusal"}
+MAX_FILE = 4 << 20     # bytes read from any file the sandbox returns: a record, the output, the exit code
+
+
+def job_check(seed: int) -> JobCheck:
+    """The check of exercise A.1 on the tiny problem, its sampler and model seeded with ``seed``."""
+    job = {"epochs": JOB_EPOCHS, "global_batch": 12, "train_size": 100, "test_size": 60, "dropout": 0.5,
+           "seed": seed, "difficulty": "standard"}
+    return JobCheck("A.1", job, saved=SAVED, nodes=SCENARIOS["three"][0], refused_batch=REFUSED_BATCH,
+                    optimizer=REPLAYED_OPTIMIZER)
+
+
+def files(scenario: str) -> list[str]:
+    """The files ``run`` writes for one scenario, relative to its folder (the grader keeps exactly these)."""
+    nproc = sum(SCENARIOS[scenario][0])
+    return ([f"{scenario}_code.txt", f"{scenario}_output.txt"] + [f"{scenario}_rank{r}.json" for r in range(nproc)]
+            + ([f"{scenario}_{SAVED}"] if scenario in ("two", "three") else []))
+
+
+def run(script: Path, folder: Path, seed: int) -> None:
+    """Run every scenario of ``script`` and write what came back into ``folder`` (see ``files``)."""
+    check, folder = job_check(seed), Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for scenario, (nodes, changes, fail_rank, fail_at) in SCENARIOS.items():
+        with tempfile.TemporaryDirectory(prefix="assessment-job-") as work:
+            code, output, records = check.run_job(Path(script).resolve(), nodes, Path(work), fail_at=fail_at,
+                                                  fail_rank=fail_rank, **changes)
+            (folder / f"{scenario}_code.txt").write_text("timeout" if code is None else str(code))
+            (folder / f"{scenario}_output.txt").write_text(output[-200_000:])
+            for rank, record in records.items():
+                (folder / f"{scenario}_rank{rank}.json").write_text(json.dumps(record))
+            saved = Path(work) / "out" / SAVED
+            if saved.is_file() and scenario in ("two", "three"):
+                (folder / f"{scenario}_{SAVED}").write_bytes(saved.read_bytes())
+
+
+def _read(path: Path) -> str:
+    with open(path, "rb") as f:
+        return f.read(MAX_FILE).decode("utf-8", "replace")
+
+
+def _returned(folder: Path, scenario: str) -> tuple:
+    """One scenario's exit code (None: timed out), output and records, as ``JobCheck.run_job`` gives them."""
+    nproc = sum(SCENARIOS[scenario][0])
+    code_file = folder / f"{scenario}_code.txt"
+    if not code_file.is_file():
+        raise Incorrect(f"A.1: the check of your script ({scenario}) did not finish within the grader's time limit")
+    code_text = _read(code_file).strip()
+    code = None if code_text == "timeout" else int(code_text)
+    output = _read(folder / f"{scenario}_output.txt") if (folder / f"{scenario}_output.txt").is_file() else ""
+    records = {}
+    for rank in range(nproc):
+        path = folder / f"{scenario}_rank{rank}.json"
+        if path.is_file():
+            record = json.loads(_read(path))
+            if not isinstance(record, dict) or str(record.get("rank")) != str(rank):
+                raise ValueError(f"rank {rank}'s record is not a record of rank {rank}")
+            records[rank] = record
+    return code, output, records
+
+
+def judge(folder: Path, seed: int, load_state) -> dict[str, str | None]:
+    """Criterion -> None when it holds, else why not, from the files ``run`` wrote into ``folder``.
+    ``load_state(path)`` returns a checkpoint's state_dict or raises ``Incorrect`` saying why not."""
+    check, folder = job_check(seed), Path(folder)
+    verdicts: dict[str, str | None] = {}
+    for scenario, (nodes, _, _, _) in SCENARIOS.items():
+        name = CRITERION[scenario]
+        if verdicts.get(name):
+            continue
+        try:
+            code, output, records = _returned(folder, scenario)
+            if scenario in ("failure", "refusal") and not _trains(folder):
+                # A script that never trains "fails" when a rank fails and "refuses" every batch: no point for that.
+                verdicts[name] = ("A.1: judged once your script trains on 2 processes (see the job criterion): "
+                                  "a job that never trains cannot show that it fails or refuses for the right reason")
+                continue
+            if scenario in ("two", "three"):
+                where = f" on {len(nodes)} node(s) ({' + '.join(map(str, nodes))} processes)"
+                check.judge_training(code, output, records, sum(nodes), where,
+                                     lambda: load_state(folder / f"{scenario}_{SAVED}"))
+            elif scenario == "failure":
+                check.judge_one_rank_failing(code, output, records)
+            else:
+                check.judge_refusal(code, output, records)
+            verdicts.setdefault(name, None)
+        except (Incorrect, NotSolved) as failed:
+            verdicts[name] = str(failed)
+        except Exception as error:  # noqa: BLE001 - files written in the sandbox: a malformed one fails, nothing more
+            verdicts[name] = (f"A.1: what your script's run left ({scenario}) could not be read "
+                              f"({type(error).__name__}: {error})"[:500])
+    return verdicts
+
+
+def _trains(folder: Path) -> bool:
+    """Whether the 2-process run ended well with every rank having trained (its records, however hostile)."""
+    try:
+        code, _, records = _returned(folder, "two")
+        return code == 0 and len(records) == 2 and all(rec.get("batches") for rec in records.values())
+    except Exception:  # noqa: BLE001 - unreadable files: it did not show that it trains
+        return False
+
+
+def _load_trusted(path: Path) -> dict:
+    """A checkpoint this process's own check wrote (the notebook's check: nothing hostile to guard against)."""
+    import torch
+
+    if not path.is_file():
+        raise Incorrect(f"A.1: no model was saved as {SAVED} in the folder given by --out: rank 0 must save "
+                        f"ddp_model.module.state_dict() there after every epoch")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def check_job(script, seed: int = 0) -> None:
+    """The notebook's check of exercise A.1: the grader's scenarios and verdicts, run here."""
+    script = Path(script)
+    if not script.is_file():
+        raise Incorrect(f"A.1: {script} does not exist yet: run the %%writefile cell above, which writes it")
+    try:
+        compile(script.read_text(), str(script), "exec")
+    except SyntaxError as error:
+        raise Incorrect(f"A.1: your script does not compile: line {error.lineno}: {error.msg}") from None
+    with tempfile.TemporaryDirectory(prefix="assessment-check-") as folder:
+        run(script, Path(folder), seed)
+        verdicts = judge(Path(folder), seed, _load_trusted)
+    from . import criteria
+    failed = {name: why for name, why in verdicts.items() if why}
+    for name, why in verdicts.items():
+        print(f"{name:<8} {criteria.CRITERIA[name][0]} point(s): " + ("passed" if not why else "not yet"))
+    if failed:
+        unsolved = [why for why in failed.values() if "not solved yet" in why]
+        raise (NotSolved if unsolved else Incorrect)("\n\n".join(f"[{name}] {why}" for name, why in failed.items()))
+
+
+if __name__ == "__main__":   # the grader's sandbox: python -m assessment.job SCRIPT FOLDER SEED
+    run(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]))

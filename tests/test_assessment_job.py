@@ -1,0 +1,56 @@
+"""The assessment's job criterion (assessment.job, on lab 06's JobCheck) on the assessment's own script:
+wrong scripts lose it with their own message. Each wrong script is the instructor's script with one
+mistake written in; each runs only the scenario that shows it (the grader runs all four, and the
+notebook test runs the solution through all four)."""
+from __future__ import annotations
+
+import nbformat
+import pytest
+
+from assessment import grade, job
+from assessment.submission import INSTRUCTOR
+from check_helpers import fails
+from utils.checks import Incorrect
+
+pytestmark = pytest.mark.timeout(600)
+
+CHECK = job.job_check(seed=11)
+TEARDOWN = "    try:\n        train(args, rank, world_size, device)\n    finally:\n        dist.destroy_process_group()"
+
+
+def script_with(tmp_path, *replacements):
+    text = grade.job_script(nbformat.read(INSTRUCTOR, as_version=4))
+    for old, new in replacements:
+        assert old in text, f"the assessment's script no longer contains {old!r}: update this test"
+        text = text.replace(old, new)
+    path = tmp_path / "train_job.py"
+    path.write_text(text)
+    return path
+
+
+MISTAKES = {
+    # right on 2 processes of one node, wrong on 3
+    "per-rank batch written for 2": ([("batch_size=args.global_batch // world_size", "batch_size=args.global_batch // 2")],
+                                     "in batches of [6, 4]"),
+    "never tears down": ([(TEARDOWN, "    train(args, rank, world_size, device)")],
+                         "never called dist.destroy_process_group"),
+    "trains on rank 0 only": ([("    dataset = data.load(", "    if rank != 0:\n        return\n    dataset = data.load("),
+                               ('ddp_model = DDP(model, device_ids=[device] if device.type == "cuda" else None)', "ddp_model = model"),
+                               ("        dist.all_reduce(totals)", "        pass")],
+                              "never trained (no training step, no DDP model) while rank 0 did"),
+    "a scheduler that differs by rank": ([("lr = settings.BASE_LR * (global_batch / settings.BASE_BATCH) / 2",
+                                           "lr = settings.BASE_LR * (global_batch / settings.BASE_BATCH) / (2 + dist.get_rank())")],
+                                         "every rank must take the same steps"),
+}
+
+
+@pytest.mark.parametrize("mistake", MISTAKES, ids=list(MISTAKES))
+def test_a_wrong_job_loses_the_job_criterion_with_its_own_message(mistake, tmp_path):
+    replacements, message = MISTAKES[mistake]
+    got = fails(CHECK.check_training, script_with(tmp_path, *replacements), Incorrect)
+    assert message in got, got
+
+
+def test_the_tiny_jobs_checkpoint_is_named_as_the_assessment_names_them():
+    from assessment import settings
+    assert job.SAVED == settings.checkpoint_name(job.JOB_EPOCHS)
