@@ -182,8 +182,10 @@ def _init_process_group(rank, local_rank, world_size, master_addr, master_port, 
 def _destroy_process_group():
     import torch.distributed as dist
 
+    from utils import ddp
+
     if dist.is_initialized():
-        dist.destroy_process_group()
+        ddp.destroy_process_group()    # dist's, with gloo's threads ended too (read its docstring)
 
 
 # --- the notebook side ------------------------------------------------------------------

@@ -55,6 +55,8 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.data import DistributedSampler
 from torch.utils.weak import WeakIdKeyDictionary
 
+from utils.ddp import forget_destroyed_group
+
 INJECTED = "error injected by the check into one rank's 3rd training step"
 MAX_STEPS = 5000                               # optimizer steps recorded; a check's job takes far fewer
 MAX_TIMEOUT = datetime.timedelta(seconds=60)   # a job that waits longer for a peer is stuck, in the check
@@ -293,7 +295,11 @@ def _record_calls(record: dict, gpus: SimulatedGPUs) -> None:
         record["destroyed"] = True
         if refusal:
             _wait_for_every_rank_to_join(_probe_dir())
-        return destroy(*args, **kwargs)
+        destroyed = destroy(*args, **kwargs)
+        # A right script must not die at exit for torch's sake: with the group freed for real, gloo's threads
+        # end now, not during the interpreter's shutdown (utils.ddp.destroy_process_group says why).
+        forget_destroyed_group()
+        return destroyed
 
     def saved(obj, f, *args, **kwargs):
         record["saves"].append(str(f))
