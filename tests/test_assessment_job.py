@@ -9,7 +9,7 @@ import pytest
 
 from assessment import grade, job
 from assessment.submission import INSTRUCTOR
-from check_helpers import fails
+from check_helpers import edited_script, fails
 from utils.checks import Incorrect
 
 pytestmark = pytest.mark.timeout(600)
@@ -19,13 +19,8 @@ TEARDOWN = "    try:\n        train(args, rank, world_size, device)\n    finally
 
 
 def script_with(tmp_path, *replacements):
-    text = grade.job_script(nbformat.read(INSTRUCTOR, as_version=4))
-    for old, new in replacements:
-        assert old in text, f"the assessment's script no longer contains {old!r}: update this test"
-        text = text.replace(old, new)
-    path = tmp_path / "train_job.py"
-    path.write_text(text)
-    return path
+    return edited_script(grade.job_script(nbformat.read(INSTRUCTOR, as_version=4)), tmp_path / "train_job.py",
+                         *replacements)
 
 
 MISTAKES = {

@@ -11,7 +11,7 @@ import random
 import nbformat
 import pytest
 
-from check_helpers import fails
+from check_helpers import edited_script, fails
 from notebook_runner import ROOT
 from utils import release
 from utils.checks import Incorrect, NotSolved, lab06
@@ -28,13 +28,7 @@ def script_cell() -> str:
 
 
 def with_mistake(tmp_path, *replacements) -> str:
-    text = script_cell()
-    for old, new in replacements:
-        assert old in text, f"the lab's script no longer contains {old!r}: update this test"
-        text = text.replace(old, new)
-    path = tmp_path / "train_ddp.py"
-    path.write_text(text)
-    return path
+    return edited_script(script_cell(), tmp_path / "train_ddp.py", *replacements)
 
 
 SAMPLER = "    sampler = DistributedSampler(train_set, shuffle=True, seed=args.seed)\n"
