@@ -49,3 +49,16 @@ def test_a_wrong_job_loses_the_job_criterion_with_its_own_message(mistake, tmp_p
 def test_the_tiny_jobs_checkpoint_is_named_as_the_assessment_names_them():
     from assessment import settings
     assert job.SAVED == settings.checkpoint_name(job.JOB_EPOCHS)
+
+
+def test_importing_the_grader_reads_no_settings_before_its_quick_option_is_set():
+    """An outside review: assessment.settings, read at import, was imported with the grader, so --quick graded
+    against the full mode's epochs and target."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "COURSE_QUICK"}
+    done = subprocess.run([sys.executable, "-c", "import sys, assessment.grade; print('assessment.settings' in sys.modules)"],
+                          capture_output=True, text=True, env=env, cwd=INSTRUCTOR.parent.parent, timeout=120)
+    assert done.stdout.strip() == "False", done.stderr

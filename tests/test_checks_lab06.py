@@ -128,7 +128,13 @@ def test_a_right_script_written_otherwise_passes(tmp_path):
                                       (LOOP, ENUMERATED),
                                       (SUMMED, SUMMED + "            if rank == 0 and step == 4:\n"
                                                         "                print(f'step {step} loss {loss.item():.4f}')\n"),
-                                      ("(totals[0] / totals[1]).item():.6f}", "totals[0].item() / totals[1].item():.6f}")))
+                                      ("(totals[0] / totals[1]).item():.6f}", "totals[0].item() / totals[1].item():.6f}"),
+                                      # predictions brought to the host and compared with labels there (an outside
+                                      # review: the simulated node kept .cpu()'s result tagged as on the GPU)
+                                      (EVALUATE, "            model.eval()\n            with torch.no_grad():\n"
+                                                 "                predicted = model(dataset.x_test.to(device)).argmax(1).cpu()\n"
+                                                 "            accuracy = (predicted == dataset.y_test).float().mean().item()\n"
+                                                 "            model.train()")))
 
 
 def test_a_refusal_after_building_the_model_and_ddp_passes(tmp_path):

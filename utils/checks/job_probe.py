@@ -231,6 +231,8 @@ class SimulatedGPUs(TorchFunctionMode):
         device = next((d for d in devices if d is not None), None)
         if device is not None and name not in self.SYNCS:
             self._tag(out, device)
+        if name == "cpu" and out is (args[0] if args else None) and device is not None:
+            out = out.view_as(out)     # on a real GPU .cpu() is a copy on the host: not the tagged GPU tensor
         return out
 
     def device_of(self, tensor) -> str:
