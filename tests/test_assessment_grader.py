@@ -64,8 +64,9 @@ def tampered():
     nb = instructor()
     nb.cells = [c for c in nb.cells if c.id != "asmt-08"]
     nb.cells.insert(1, nb.cells.pop(5))
-    cell(nb, "asmt-20").source = cell(nb, "asmt-20").source.replace('f"--out={settings.CHECKPOINT_DIR}"',
-                                                                    'f"--out={settings.CHECKPOINT_DIR}", "--global-batch=32"')
+    run = cell(nb, "asmt-20").source
+    assert '"global-batch": settings.GLOBAL_BATCH' in run, "the run that counts changed: update this test"
+    cell(nb, "asmt-20").source = run.replace('"global-batch": settings.GLOBAL_BATCH', '"global-batch": 32')
     return nb
 
 

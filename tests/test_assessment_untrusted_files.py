@@ -337,8 +337,8 @@ def malformed_notebooks() -> dict:
         "no format": (edited(lambda nb: nb.pop("nbformat")), "is in format None, not format 4"),
         "minor string": (top_set("nbformat_minor", "5"), "nbformat_minor is not a whole number"),
         "top metadata": (top_set("metadata", "x"), "the notebook has no metadata (a JSON"),
-        "many cells": (edited(lambda nb: nb.__setitem__("cells", nb["cells"] * 40)),
-                       f"has {40 * len(nbformat.read(INSTRUCTOR, as_version=4).cells)} cells; the grader"),
+        "many cells": (edited(lambda nb: nb.__setitem__("cells", nb["cells"] * 60)),   # over MAX_CELLS
+                       f"has {60 * len(nbformat.read(INSTRUCTOR, as_version=4).cells)} cells; the grader"),
         "long source": (cell_set("source", "x" * 2_000_001), "more than 2,000,000 characters of source"),
         "lone surrogate": (cell_set("source", "\ud800"), "holds characters that are not valid Unicode text"),
         "not utf-8": ('{"cells": []}'.encode("utf-16"), "it is not UTF-8 text"),
