@@ -192,7 +192,8 @@ def _grade(path: Path, out: Path, options: argparse.Namespace, grade: Grade) -> 
         command = [sys.executable, "-m", "assessment.run_notebook", "submission.ipynb", "executed.ipynb",
                    "status.json", str(options.cell_timeout)]
         checkpoints = [f"{settings.CHECKPOINT_DIR}/{settings.checkpoint_name(e)}" for e in range(1, settings.EPOCHS + 1)]
-        result = sandbox.run(command, work, ["executed.ipynb", "status.json", *checkpoints], ran,
+        records = [f"{settings.RECORD_DIR}/rank{r}.json" for r in range(settings.WORKERS)]
+        result = sandbox.run(command, work, ["executed.ipynb", "status.json", *checkpoints, *records], ran,
                              sandbox.Limits(wall_s=options.notebook_timeout), env, options.mode, view)
         status = _status(ran / "status.json")
         grade.ran = result.returncode == 0 and not result.timed_out and (ran / "executed.ipynb").exists()
@@ -224,6 +225,8 @@ def _grade(path: Path, out: Path, options: argparse.Namespace, grade: Grade) -> 
                 grade.reasons[name] = reason
 
         reached, why = judge_checkpoints(ran, secrets.randbelow(2**31))   # kept files come back by base name
+        if reached and (unlike := job.judge_counted_run(ran)):    # they count only from a run at the assessment's settings
+            reached, why = False, f"{why}; but they do not count: {unlike}"
         if not reached:
             grade.reasons["target"] = f"{run_problem}; {why}" if run_problem else why
         elif (over := _over_time_budget(result.seconds, options)) is not None:

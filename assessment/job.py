@@ -45,7 +45,7 @@ def job_check(seed: int) -> JobCheck:
     job = {"epochs": JOB_EPOCHS, "global_batch": 12, "train_size": 100, "test_size": 60, "dropout": 0.5,
            "seed": seed, "difficulty": "standard"}
     return JobCheck("A.1", job, saved=SAVED, nodes=SCENARIOS["three"][0], refused_batch=REFUSED_BATCH,
-                    optimizer=REPLAYED_OPTIMIZER)
+                    optimizer=REPLAYED_OPTIMIZER, checkpoint_every_epoch=True)
 
 
 def files(scenario: str) -> list[str]:
@@ -128,6 +128,32 @@ def judge(folder: Path, seed: int, load_state) -> dict[str, str | None]:
             verdicts[name] = (f"A.1: what your script's run left ({scenario}) could not be read "
                               f"({type(error).__name__}: {error})"[:500])
     return verdicts
+
+
+def judge_counted_run(folder: Path) -> str | None:
+    """None when the run that counts trained as the assessment sets it, else why not, from the records its
+    processes left (``rank<r>.json`` in ``folder``, written by the probe with ``COURSE_PROBE_CALLS_ONLY``): the
+    same judgement of what each rank called and did as the job criterion's, at the assessment's size. Its
+    checkpoints count only then: a script that trains one way under the check and another in this run gets
+    nothing for the second."""
+    from . import settings
+    check = JobCheck("the run that counts", settings.COUNTED_RUN, saved=settings.checkpoint_name(settings.EPOCHS),
+                     optimizer=REPLAYED_OPTIMIZER, checkpoint_every_epoch=True)
+    try:
+        records = {}
+        for rank in range(settings.WORKERS):
+            path = Path(folder) / f"rank{rank}.json"
+            if path.is_file():
+                record = json.loads(_read(path))
+                if not isinstance(record, dict) or str(record.get("rank")) != str(rank):
+                    raise ValueError(f"rank {rank}'s record is not a record of rank {rank}")
+                records[rank] = record
+        check.judge_calls(records, settings.WORKERS)
+    except (Incorrect, NotSolved) as failed:
+        return str(failed)
+    except Exception as error:  # noqa: BLE001 - files written in the sandbox: a malformed one fails, nothing more
+        return f"the run that counts left records that could not be read ({type(error).__name__}: {error})"[:500]
+    return None
 
 
 def _trains(folder: Path) -> bool:

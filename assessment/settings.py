@@ -24,6 +24,10 @@ TARGET = config.pick(quick=0.15, full=0.60)       # held-out accuracy two consec
 # a trained model from an untrained one (chance is 0.10; the solution measured 0.19-0.27 after epochs 2-3).
 EVAL_SIZE = 2000                 # fresh held-out images the grader draws for every submission
 CHECKPOINT_DIR = "checkpoints"   # the run that counts: rank 0 saves the model there after every epoch (epoch_01.pt, ...)
+RECORD_DIR = "run_record"        # the run that counts: what each process did (utils.checks.job_probe), for the grader
+# Every setting the run that counts gives the script (so that the script's own defaults play no part).
+COUNTED_RUN = {"epochs": EPOCHS, "global_batch": GLOBAL_BATCH, "train_size": TRAIN_SIZE, "test_size": TEST_SIZE,
+               "difficulty": DIFFICULTY, "dropout": 0.25, "seed": 0}
 JOB_DIR = "assessment_job"       # the learner's script, written by the notebook's %%writefile cell
 JOB_FILE = "train_job.py"
 TIME_FACTOR = 1.0                # on a GPU: the DDP run may take at most this times the baseline's time

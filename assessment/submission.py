@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 import sys
 from dataclasses import dataclass, field
@@ -21,7 +20,6 @@ import nbformat
 from utils.release import BEGIN_SOLUTION, learner_notebook
 
 INSTRUCTOR = Path(__file__).resolve().parent / "assessment.ipynb"
-_MAGIC = re.compile(r"^\s*[%!]")
 
 
 class SubmissionError(ValueError):
@@ -31,7 +29,6 @@ class SubmissionError(ValueError):
 @dataclass
 class Submission:
     restored: nbformat.NotebookNode                        # what the grader runs
-    code: str                                              # the learner's code cells, for the probes
     answers: dict[str, str] = field(default_factory=dict)  # written answers, by cell id
     notes: list[str] = field(default_factory=list)         # what was restored or missing
     code_cells: list[str] = field(default_factory=list)    # ids of the code cells the learner writes
@@ -163,14 +160,6 @@ def read(path: Path) -> nbformat.NotebookNode:
         raise SubmissionError(f"the notebook could not be read ({type(error).__name__}: {error}). {_RESAVE}") from None
 
 
-def _python(source: str) -> str:
-    """A %%px cell's body as plain Python; other magics and shell lines become comments."""
-    lines = source.split("\n")
-    if lines and lines[0].lstrip().startswith("%%px"):
-        lines = lines[1:]
-    return "\n".join(f"# (not run by the grader) {line}" if _MAGIC.match(line) else line for line in lines)
-
-
 def _same_magic(given: str, mine: str) -> str:
     """The learner's cell with the course's first-line cell magic: a cell the course runs on the engines
     (``%%px``) runs there, never in the notebook's own kernel (where the given baseline's code lives)."""
@@ -216,8 +205,6 @@ def restore(path: Path, instructor: Path = INSTRUCTOR) -> Submission:
     for cell in given.cells:
         if cell.id in theirs:
             cell.source = _same_magic(cell.source, theirs[cell.id]) if cell.cell_type == "code" else theirs[cell.id]
-    code = "\n\n".join(_python(theirs.get(c.id, c.source)) for c in given.cells
-                       if c.id in owned and c.cell_type == "code")
     answers = {c.id: theirs.get(c.id, "") for c in given.cells if c.id in owned and c.cell_type == "markdown"}
     code_cells = [c.id for c in given.cells if c.id in owned and c.cell_type == "code"]
-    return Submission(given, code, answers, notes, code_cells)
+    return Submission(given, answers, notes, code_cells)

@@ -33,6 +33,15 @@ MISTAKES = {
                                ('ddp_model = DDP(model, device_ids=[device] if device.type == "cuda" else None)', "ddp_model = model"),
                                ("        dist.all_reduce(totals)", "        pass")],
                               "never trained (no training step, no DDP model) while rank 0 did"),
+    # found by an outside review: accepted, as the simulated nodes met at 127.0.0.1 too
+    "rendezvous address written in": ([("    dist.init_process_group(backend, ",
+                                        "    dist.init_process_group(backend, init_method=f\"tcp://127.0.0.1:{os.environ['MASTER_PORT']}\", ")],
+                                      "init_method='tcp://127.0.0.1:"),
+    "only the last checkpoint saved": ([("            torch.save(", "            if epoch + 1 == args.epochs:\n                torch.save(")],
+                                       "rank 0 saved 1 checkpoint file(s) ['epoch_02.pt'] in 2 epochs"),
+    # found by an outside review: the message said no sampler was built
+    "training size written in": ([("train_size=args.train_size", "train_size=settings.TRAIN_SIZE")],
+                                 "DistributedSampler covers"),
     "a scheduler that differs by rank": ([("lr = settings.BASE_LR * (global_batch / settings.BASE_BATCH) / 2",
                                            "lr = settings.BASE_LR * (global_batch / settings.BASE_BATCH) / (2 + dist.get_rank())")],
                                          "every rank must take the same steps"),
@@ -62,3 +71,42 @@ def test_importing_the_grader_reads_no_settings_before_its_quick_option_is_set()
     done = subprocess.run([sys.executable, "-c", "import sys, assessment.grade; print('assessment.settings' in sys.modules)"],
                           capture_output=True, text=True, env=env, cwd=INSTRUCTOR.parent.parent, timeout=120)
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_a_teardown_registered_with_atexit_tears_down_when_a_rank_fails(tmp_path):
+    """An outside review: the probe wrote its record before atexit ran, and a right teardown was refused."""
+    script = script_with(tmp_path, (TEARDOWN, "    import atexit\n    atexit.register(dist.destroy_process_group)\n"
+                                              "    train(args, rank, world_size, device)"))
+    CHECK.check_one_rank_failing(script)
+
+
+COUNTED = """
+import json, os, subprocess, sys
+from pathlib import Path
+from assessment import job, settings
+from utils import export
+options = {**settings.COUNTED_RUN, "out": "checkpoints"}
+result = export.run(["-m", "utils.checks.job_probe", sys.argv[1], *(f"--{k.replace('_', '-')}={v}" for k, v in options.items())],
+                    settings.WORKERS, cwd=".", threads=1, env={"COURSE_PROBE_DIR": "records", "COURSE_PROBE_CALLS_ONLY": "1"},
+                    timeout=400)
+print(json.dumps({"code": result.code, "verdict": job.judge_counted_run(Path("records")), "output": result.output[-2000:]}))
+"""
+
+
+def test_a_script_that_trains_otherwise_when_not_checked_has_its_run_that_counts_refused(tmp_path):
+    """The run that counts is recorded and judged by the job criterion's rules: a script that takes a smaller
+    batch when the check's simulated GPUs are absent gets no checkpoint counted (the notebook test runs the
+    solution's run that counts through the same judgement, which it passes)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = script_with(tmp_path, ("batch_size=args.global_batch // world_size",
+                                    "batch_size=args.global_batch // world_size // (1 if os.environ.get('COURSE_PROBE_GPUS') else 4)"))
+    done = subprocess.run([sys.executable, "-c", COUNTED, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "COURSE_QUICK": "1", "PYTHONPATH": str(INSTRUCTOR.parent.parent)}, timeout=500)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["code"] == 0, result["output"]
+    assert result["verdict"] and "the run that counts: " in result["verdict"] and "in batches of" in result["verdict"], result

@@ -113,13 +113,13 @@ class JobResult:
 
 
 def run(program: list, nproc: int | list[int] | None = None, *, cwd, threads: int | None = None,
-        env: dict | None = None, timeout: float = 1800) -> JobResult:
+        env: dict | None = None, timeout: float = 1800, host: str = "127.0.0.1") -> JobResult:
     """Run ``python *program`` (a script and its arguments, or ``-m module ...``), under ``torchrun
     --standalone --nproc-per-node=nproc`` unless ``nproc`` is None.
 
     ``nproc`` a list (e.g. ``[2, 1]``): the job runs as that many "nodes" on this machine, one torchrun
-    agent per node with its count of processes, meeting at a c10d rendezvous on 127.0.0.1, as agents on
-    separate machines do; ``LOCAL_RANK`` then differs from ``RANK`` on every node after the first to
+    agent per node with its count of processes, meeting at a c10d rendezvous on ``host`` (a loopback
+    address; it becomes the workers' MASTER_ADDR), as agents on separate machines do; ``LOCAL_RANK`` then differs from ``RANK`` on every node after the first to
     join. ``threads``: torch threads per process (OMP_NUM_THREADS), so that the processes share the
     cores instead of fighting for them. ``env``: extra environment variables. A job past ``timeout``
     seconds is killed with every process it started (each agent leads a process group of its own)."""
@@ -134,10 +134,10 @@ def run(program: list, nproc: int | list[int] | None = None, *, cwd, threads: in
         launchers = [[sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                       "--local-addr=127.0.0.1"]]
     else:
-        endpoint = f"127.0.0.1:{_free_port()}"
+        endpoint = f"{host}:{_free_port(host)}"
         launchers = [[sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(nproc)}", f"--nproc-per-node={n}",
                       "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", "--rdzv-id=course-job",
-                      "--local-addr=127.0.0.1"] for n in nproc]
+                      f"--local-addr={host}"] for n in nproc]
     start = time.perf_counter()
     outputs = [tempfile.TemporaryFile("w+") for _ in launchers]
     processes = [subprocess.Popen(launcher + [str(part) for part in program], cwd=cwd, env=environment, stdout=out,
@@ -170,7 +170,7 @@ def _kill_group(process) -> None:
     process.wait()
 
 
-def _free_port() -> int:
+def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]

@@ -26,8 +26,10 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 import tempfile
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +49,10 @@ REPLAYED_OPTIMIZER = "replayed"  # the optimizer steps the probe recorded, taken
 # few steps makes the GPU idle that often. Lab 06's tiny job has 9 steps per epoch and rank, so a read every 4th
 # step or more often exceeds this on any rank (a job of shorter epochs could not tell the two apart).
 SYNC_POINTS_PER_EPOCH = 2
+# The simulated nodes meet at a loopback address other than 127.0.0.1 (Linux routes all of 127.0.0.0/8 to the
+# loopback; macOS has only 127.0.0.1), so that a script that writes the rendezvous address in, instead of
+# leaving it to torchrun's MASTER_ADDR, is seen doing so.
+SIMULATED_HOST = "127.0.0.2" if sys.platform.startswith("linux") else "127.0.0.1"
 
 
 # --- the reference: one process on the same global batches ----------------------------------------
@@ -163,12 +169,14 @@ class JobCheck:
     ``job``: the tiny problem's settings, passed to the script as ``--key=value`` options (``epochs``,
     ``global_batch``, ``lr``, ``train_size``, ``test_size``, ``dropout``, ``seed``, and any other the script
     takes, such as ``difficulty``). ``saved``: the file rank 0 writes in ``--out``, read after the last
-    epoch. ``nodes``: processes per simulated node. ``refused_batch``: a global batch the world size does
+    epoch (with ``checkpoint_every_epoch``, rank 0 saves a file of its own after every epoch, this the last).
+    ``nodes``: processes per simulated node. ``refused_batch``: a global batch the world size does
     not divide. ``optimizer``: ``FIXED_OPTIMIZER`` or ``REPLAYED_OPTIMIZER``."""
 
     def __init__(self, label: str, job: dict, *, saved: str = "model.pt", nodes=(2, 1), refused_batch: int = 20,
-                 optimizer: str = FIXED_OPTIMIZER):
+                 optimizer: str = FIXED_OPTIMIZER, checkpoint_every_epoch: bool = False):
         self.label, self.job, self.saved = label, dict(job), saved
+        self.checkpoint_every_epoch = checkpoint_every_epoch
         self.nodes, self.refused_batch, self.optimizer = list(nodes), refused_batch, optimizer
 
     def job_arguments(self, out: Path, **changes) -> list[str]:
@@ -192,7 +200,7 @@ class JobCheck:
                "COURSE_PROBE_FAIL_RANK": "" if fail_rank is None else str(fail_rank), "COURSE_PROBE_GPUS": "1" if gpus else "",
                "COURSE_PROBE_REFUSAL": "1" if refusal else ""}
         result = export.run(["-m", "utils.checks.job_probe", script, *self.job_arguments(workdir / "out", **changes)], nproc,
-                            cwd=workdir, threads=1, env=env, timeout=timeout)
+                            cwd=workdir, threads=1, env=env, timeout=timeout, host=SIMULATED_HOST)
         records = {}
         for path in probe.glob("rank*.json"):
             record = json.loads(path.read_text())
@@ -285,6 +293,7 @@ class JobCheck:
                             + (f"\n  {found.group(1)}" if found else ""))
         where = f"with {nproc} processes{what}"
         self._diagnose_numbers(records, nproc)
+        self._diagnose_rendezvous(records)
         self._diagnose_devices(records)
         if code is None:
             started = sorted(r for r, rec in records.items() if rec.get("init"))
@@ -334,6 +343,24 @@ class JobCheck:
                                  ": numbers written into the script. Leave them out (torchrun puts RANK and WORLD_SIZE "
                                  "in the environment, and the sampler asks the process group), or use dist.get_rank() "
                                  "and dist.get_world_size()."))
+
+    def _diagnose_rendezvous(self, records: dict) -> None:
+        """A rendezvous address written into the script (an ``init_method`` other than torchrun's)."""
+        for rank, rec in sorted(records.items()):
+            init = rec["init"] or {}
+            method, master = init.get("init_method"), init.get("master")
+            if method in (None, "env://") or master is None:
+                continue
+            try:
+                parsed = urlsplit(method)
+                same = parsed.scheme == "tcp" and f"{parsed.hostname}:{parsed.port}" == master
+            except ValueError:
+                same = False
+            expect(same, f"{self.label}: {_who(rec)} called init_process_group with init_method={method!r}, but torchrun "
+                         f"says the job meets at {master} (MASTER_ADDR:MASTER_PORT). An address written into the "
+                         f"script works while every process runs on one machine; on a cluster the other machines' "
+                         f"processes look for it on their own machine. Leave init_method out: init_process_group then "
+                         f"reads MASTER_ADDR and MASTER_PORT from torchrun's environment (env://).")
 
     def _diagnose_devices(self, records: dict) -> None:
         """What a GPU node refuses or punishes: each rank's device, set_device, the backend, where tensors live.
@@ -392,6 +419,11 @@ class JobCheck:
                f"doing all the work while the others wait.")
         for rank, rec in sorted(records.items()):
             samplers = [s for s in rec["samplers"] if s["size"] == self.job["train_size"]]
+            sizes = sorted({s["size"] for s in rec["samplers"]})
+            expect(samplers or not sizes,
+                   f"{self.label}: rank {rank}'s DistributedSampler covers {' and '.join(map(str, sizes))} samples, but the "
+                   f"check gave the job --train-size={self.job['train_size']}: load the data with the sizes the script is "
+                   f"given (args.train_size, args.test_size), not with numbers written into it.")
             expect(samplers, f"{self.label}: rank {rank} built no DistributedSampler over the training set: every rank then "
                              f"trains on all of the data (the same samples {nproc} times), not on its own share. "
                              f"Give the training DataLoader sampler=DistributedSampler(train_set, shuffle=True, "
@@ -463,6 +495,11 @@ class JobCheck:
             records[rank]["local_rank"] == "0" for rank in savers if rank) and len(savers) > 1 else ""
         expect(savers == [0], f"{self.label}: torch.save was called on rank(s) {savers or 'none'}: rank 0 alone saves "
                               f"the checkpoint{by_local} (several processes writing one file can corrupt it).")
+        saved = sorted({Path(path).name for path in records[0]["saves"]})
+        expect(not self.checkpoint_every_epoch or len(saved) >= self.job["epochs"],
+               f"{self.label}: rank 0 saved {len(saved)} checkpoint file(s) {saved} in {self.job['epochs']} epochs: save one "
+               f"after every epoch, each under its own name ({self.saved} is the last), as the run that counts is "
+               f"judged on consecutive epochs' checkpoints.")
         not_destroyed = sorted(rank for rank, rec in records.items() if not rec["destroyed"])
         expect(not not_destroyed, f"{self.label}: rank(s) {not_destroyed} never called dist.destroy_process_group(): end the "
                                   f"job by tearing the group down, in a finally block so it happens even on error.")
@@ -557,6 +594,18 @@ class JobCheck:
         self._diagnose_run(code, output, records, nproc, where)
         epochs = self._diagnose_calls(records, nproc)
         self.judge_numbers(records, self._checked_state(load_state()), nproc, epochs)
+
+    def judge_calls(self, records: dict, nproc: int) -> None:
+        """A run at full size, not compared with one process (the assessment's run that counts): every rank left
+        its record, and each called, did and printed what the job's settings ask (``job``)."""
+        missing = sorted(set(range(nproc)) - set(records))
+        expect(not missing, f"{self.label}: rank(s) {missing} of {nproc} left no record of what they did (killed, never "
+                            f"started, or ended with os._exit).")
+        self._diagnose_numbers(records, nproc)
+        self._diagnose_rendezvous(records)
+        self._diagnose_calls(records, nproc)
+        if self.optimizer == REPLAYED_OPTIMIZER:
+            self._diagnose_steps(records, nproc)
 
     def judge_numbers(self, records: dict, state: dict, nproc: int, epochs: list) -> None:
         """The logged numbers and the saved weights against one process on the same global batches."""

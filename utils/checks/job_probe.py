@@ -4,14 +4,15 @@
 
 Each process runs the script as ``__main__`` (exactly as ``torchrun train_ddp.py`` would) after
 wrapping a few torch functions so that they also write down their calls: ``init_process_group``
-(its explicit ``rank`` and ``world_size``, if any, and the backend asked for), ``DistributedSampler``
+(its explicit ``rank`` and ``world_size``, if any, the backend and ``init_method`` asked for), ``DistributedSampler``
 (its replicas, rank, seed, and the epoch in force each time it is iterated), ``DistributedDataParallel``
 (its ``device_ids``, and the samples of every training forward), ``all_reduce`` (the values a
 script reduces by hand, whether it reaches the function as ``torch.distributed.all_reduce`` or as
 ``torch.distributed.distributed_c10d.all_reduce``), every ``optimizer.step()`` (the optimizer's class and each parameter group's
 settings in force, which schedulers change, so that a check can take the same steps), ``torch.save``,
 ``destroy_process_group``, and the lines the rank printed.
-The record goes to ``$COURSE_PROBE_DIR/rank<RANK>.json`` when the script ends, however it ends; it says
+The record goes to ``$COURSE_PROBE_DIR/rank<RANK>.json`` when the process exits (after the script's own exit
+handlers), however the script ends, unless the process is killed or ends with ``os._exit``; it says
 whether the rank's error was a lost peer (a communication error or a timeout) rather than its own.
 
 ``COURSE_PROBE_GPUS=1`` simulates a GPU node without a GPU (``SimulatedGPUs``): every node has one
@@ -20,6 +21,9 @@ whether the rank's error was a lost peer (a communication error or a timeout) ra
 counted as a host sync, and ``nccl`` is run as ``gloo``. ``COURSE_PROBE_FAIL_AT=N`` with
 ``COURSE_PROBE_FAIL_RANK=R`` makes rank R's N-th training forward raise, to see whether the job
 still tears its process group down when one rank fails.
+
+``COURSE_PROBE_CALLS_ONLY=1`` is for a real run (the assessment's run that counts): the calls are recorded,
+but nothing is simulated, no tensor operation is watched, and the script's own timeout and devices stand.
 
 ``COURSE_PROBE_REFUSAL=1`` is for a job that should stop before training (a global batch the world
 size does not divide): no rank exits before every rank has written its record (a rank that exits makes
@@ -35,6 +39,7 @@ Behaviour is observed, not the source text: a learner may write the script any w
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import inspect
 import io
@@ -268,6 +273,7 @@ def _record_calls(record: dict, gpus: SimulatedGPUs) -> None:
     fails_here = os.environ.get("COURSE_PROBE_FAIL_RANK", "") == os.environ.get("RANK")
     right = {"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
     refusal = os.environ.get("COURSE_PROBE_REFUSAL") == "1"
+    calls_only = os.environ.get("COURSE_PROBE_CALLS_ONLY") == "1"   # a real run: its settings left as they are
     positions = {}                                   # id of a parameter of the DDP model -> its position
 
     def init_process_group(*args, **kwargs):
@@ -275,6 +281,9 @@ def _record_calls(record: dict, gpus: SimulatedGPUs) -> None:
         given = bound.arguments
         record["init"] = {key: given.get(key) for key in ("rank", "world_size")}
         record["init"]["backend"] = str(given.get("backend"))
+        method = given.get("init_method")
+        record["init"]["init_method"] = None if method is None else str(method)[:300]
+        record["init"]["master"] = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
         wrong = {key: value for key, value in record["init"].items()
                  if key in right and value not in (None, -1) and int(value) != right[key]}
         if wrong:   # the ranks would wait for each other until the timeout: stop now, the check explains why
@@ -285,10 +294,11 @@ def _record_calls(record: dict, gpus: SimulatedGPUs) -> None:
                 record["set_device"].append(gpus.cuda_index(given["device_id"]))
                 bound.arguments["device_id"] = None
             bound.arguments["backend"] = "gloo"              # nccl needs real GPUs; gloo does the same sums
-        bound.arguments["timeout"] = min(given.get("timeout") or MAX_TIMEOUT, MAX_TIMEOUT)
+        if not calls_only:
+            bound.arguments["timeout"] = min(given.get("timeout") or MAX_TIMEOUT, MAX_TIMEOUT)
         joined = init(*bound.args, **bound.kwargs)
         if refusal:
-            dist.set_timeout(min(bound.arguments["timeout"], REFUSAL_TIMEOUT))
+            dist.set_timeout(min(bound.arguments.get("timeout") or MAX_TIMEOUT, REFUSAL_TIMEOUT))
             _probe_dir().mkdir(parents=True, exist_ok=True)
             (_probe_dir() / f"joined{os.environ['RANK']}").touch()   # see _wait_for_every_record
         return joined
@@ -332,7 +342,9 @@ def _record_calls(record: dict, gpus: SimulatedGPUs) -> None:
 
     def sampler_iterate(self):
         if hasattr(self, "_probe_index"):
-            record["samplers"][self._probe_index]["iterated"].append(int(self.epoch))
+            entry = record["samplers"][self._probe_index]
+            # The order is drawn from seed + epoch: a seed changed after construction counts as that epoch.
+            entry["iterated"].append(int(self.epoch) + int(self.seed) - int(entry.get("seed", self.seed)))
         return sampler_iter(self)
 
     def ddp(self, *args, **kwargs):
@@ -346,7 +358,8 @@ def _record_calls(record: dict, gpus: SimulatedGPUs) -> None:
         record["model_device"] = sorted({gpus.device_of(p) for p in module.parameters()})
         ids = bound.arguments.get("device_ids")
         record["device_ids"] = None if ids is None else [gpus.cuda_index(i) or str(i) for i in ids]
-        bound.arguments["device_ids"] = bound.arguments["output_device"] = None   # the tensors are on the CPU
+        if gpus.simulate:
+            bound.arguments["device_ids"] = bound.arguments["output_device"] = None   # the tensors are on the CPU
         gpus.internal += 1
         try:
             return ddp_init(*bound.args, **bound.kwargs)
@@ -452,11 +465,17 @@ def main(argv: list[str]) -> None:
     printed: list[str] = []
     gpus = SimulatedGPUs(record, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), os.environ.get("COURSE_PROBE_GPUS") == "1")
     _record_calls(record, gpus)
+    # Written at exit, after the script's own exit handlers (atexit runs the last registered first): a script
+    # may rightly tear its group down in one of them.
+    atexit.register(_write_record, out, rank, record, printed)
     sys.stdout = _Tee(sys.stdout, printed)
     sys.argv = list(argv)
     try:
-        with gpus:
+        if os.environ.get("COURSE_PROBE_CALLS_ONLY") == "1":   # a real run: its calls recorded, its tensors left alone
             runpy.run_path(script, run_name="__main__")
+        else:
+            with gpus:
+                runpy.run_path(script, run_name="__main__")
     except SystemExit as stop:
         if stop.code not in (None, 0):
             record["error"] = f"SystemExit: {stop.code}"
@@ -465,12 +484,14 @@ def main(argv: list[str]) -> None:
         record["error"] = f"{type(error).__name__}: {error}"
         record["peer_lost"] = isinstance(error, dist.DistError) or any(text in str(error) for text in PEER_LOST)
         raise
-    finally:
-        record["printed"] = "".join(printed)[-20000:]
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"rank{rank}.json").write_text(json.dumps(record))
-        if os.environ.get("COURSE_PROBE_REFUSAL") == "1":
-            _wait_for_every_record(out)
+
+
+def _write_record(out: Path, rank: str, record: dict, printed: list[str]) -> None:
+    record["printed"] = "".join(printed)[-20000:]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"rank{rank}.json").write_text(json.dumps(record))
+    if os.environ.get("COURSE_PROBE_REFUSAL") == "1":
+        _wait_for_every_record(out)
 
 
 def _wait_for_every_rank_to_join(out: Path) -> None:
