@@ -373,8 +373,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path("build/grades"))
     parser.add_argument("--jobs", type=int, default=1, help="submissions graded at once")
     parser.add_argument("--quick", action="store_true", help="the quick-mode sizes (as the test suite runs)")
-    parser.add_argument("--cell-timeout", type=int, default=300, help="seconds one cell may run")
-    parser.add_argument("--notebook-timeout", type=int, default=900, help="seconds the whole notebook may run")
+    parser.add_argument("--cell-timeout", type=int, default=900, help="seconds one cell may run")
+    parser.add_argument("--notebook-timeout", type=int, default=1800, help="seconds the whole notebook may run")
     parser.add_argument("--job-timeout", type=int, default=700,
                         help="seconds the runs of the learner's script on the tiny problem may take, all four together")
     parser.add_argument("--trust-submissions", action="store_true",

@@ -86,15 +86,20 @@ def _returned(folder: Path, scenario: str) -> tuple:
     code_text = _read(code_file).strip()
     code = None if code_text == "timeout" else int(code_text)
     output = _read(folder / f"{scenario}_output.txt") if (folder / f"{scenario}_output.txt").is_file() else ""
+    return code, output, _records(folder, f"{scenario}_", nproc)
+
+
+def _records(folder: Path, prefix: str, nproc: int) -> dict:
+    """The records ``<prefix>rank<r>.json`` that exist, by rank; a malformed one raises."""
     records = {}
     for rank in range(nproc):
-        path = folder / f"{scenario}_rank{rank}.json"
+        path = folder / f"{prefix}rank{rank}.json"
         if path.is_file():
             record = json.loads(_read(path))
             if not isinstance(record, dict) or str(record.get("rank")) != str(rank):
                 raise ValueError(f"rank {rank}'s record is not a record of rank {rank}")
             records[rank] = record
-    return code, output, records
+    return records
 
 
 def judge(folder: Path, seed: int, load_state) -> dict[str, str | None]:
@@ -140,15 +145,7 @@ def judge_counted_run(folder: Path) -> str | None:
     check = JobCheck("the run that counts", settings.COUNTED_RUN, saved=settings.checkpoint_name(settings.EPOCHS),
                      optimizer=REPLAYED_OPTIMIZER, checkpoint_every_epoch=True)
     try:
-        records = {}
-        for rank in range(settings.WORKERS):
-            path = Path(folder) / f"rank{rank}.json"
-            if path.is_file():
-                record = json.loads(_read(path))
-                if not isinstance(record, dict) or str(record.get("rank")) != str(rank):
-                    raise ValueError(f"rank {rank}'s record is not a record of rank {rank}")
-                records[rank] = record
-        check.judge_calls(records, settings.WORKERS)
+        check.judge_calls(_records(Path(folder), "", settings.WORKERS), settings.WORKERS)
     except (Incorrect, NotSolved) as failed:
         return str(failed)
     except Exception as error:  # noqa: BLE001 - files written in the sandbox: a malformed one fails, nothing more

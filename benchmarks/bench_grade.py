@@ -1,9 +1,9 @@
 """Grading time per submission, and the speed-up of grading two at a time.
 
 Grades a folder of N copies of the instructor edition (correct submissions, the slowest kind:
-every cell and every run of the script goes to its end) with ``--jobs 1`` and then ``--jobs J``, in the default
-(full) configuration unless ``--quick``, and checks that both CSVs are identical and give full marks.
-Reports seconds per submission for each and the speed-up (serial time / parallel time).
+every cell and every run of the script goes to its end) with ``--jobs 1`` and then ``--jobs J`` (unless J is 1),
+in the default (full) configuration unless ``--quick``, and checks that both CSVs are identical and give full
+marks. Reports seconds per submission for each and the speed-up (serial time / parallel time).
 
     .venv/bin/python benchmarks/bench_grade.py [--copies 2] [--jobs 2] [--quick] [--json PATH]
 """
@@ -51,17 +51,20 @@ def main() -> None:
         for i in range(args.copies):
             shutil.copy(ROOT / "assessment" / "assessment.ipynb", folder / f"correct_{i}.ipynb")
         serial, isolation = grade(folder, scratch / "serial", 1, args.quick)
-        parallel, _ = grade(folder, scratch / "parallel", args.jobs, args.quick)
         csv_serial = (scratch / "serial" / "grades.csv").read_text()
-        same = csv_serial == (scratch / "parallel" / "grades.csv").read_text()
+        if args.jobs > 1:
+            parallel, _ = grade(folder, scratch / "parallel", args.jobs, args.quick)
+            same = csv_serial == (scratch / "parallel" / "grades.csv").read_text()
+        else:                                   # --jobs 1: the time one at a time only
+            parallel, same = None, None
         full = all(row["total"] == row["max_total"] for row in csv.DictReader(io.StringIO(csv_serial)))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     result = {"benchmark": "grade", "date": datetime.date.today().isoformat(), "machine": machine.describe(),
               "mode": "quick" if args.quick else "full", "copies": args.copies, "jobs": args.jobs,
               "serial_s_per_submission": round(serial / args.copies, 1),
-              "parallel_s_per_submission": round(parallel / args.copies, 1),
-              "speedup": round(serial / parallel, 2), "csv_identical": same, "full_marks": full,
+              "parallel_s_per_submission": parallel and round(parallel / args.copies, 1),
+              "speedup": parallel and round(serial / parallel, 2), "csv_identical": same, "full_marks": full,
               "isolation": isolation}
     print(json.dumps(result, indent=2))
     if args.json:

@@ -40,7 +40,7 @@ MISTAKES = {
     "only the last checkpoint saved": ([("            torch.save(", "            if epoch + 1 == args.epochs:\n                torch.save(")],
                                        "rank 0 saved 1 checkpoint file(s) ['epoch_02.pt'] in 2 epochs"),
     # found by an outside review: the message said no sampler was built
-    "training size written in": ([("train_size=args.train_size", "train_size=settings.TRAIN_SIZE")],
+    "training size written in": ([("train_size=args.train_size", "train_size=240")],
                                  "DistributedSampler covers"),
     "a scheduler that differs by rank": ([("lr = settings.BASE_LR * (global_batch / settings.BASE_BATCH) / 2",
                                            "lr = settings.BASE_LR * (global_batch / settings.BASE_BATCH) / (2 + dist.get_rank())")],

@@ -450,6 +450,13 @@ def test_records_the_script_forged_or_broke_fail_the_criterion_with_a_reason(tmp
         assert verdicts["failure"] and verdicts["refusal"], (name, verdicts)   # not run: no file, no point
     job = _returned_files(tmp_path / "code", code="rm -rf /")
     assert "could not be read" in job.judge(tmp_path / "code", 0, _no_state)["job"]
+    for name, records in cases.items():    # the same files as the run that counts left them
+        folder = tmp_path / f"counted_{name.replace(' ', '_')}"
+        folder.mkdir()
+        for rank, record in records.items():
+            (folder / f"rank{rank}.json").write_text(record)
+        verdict = job.judge_counted_run(folder)
+        assert verdict and verdict.startswith("the run that counts"), (name, verdict)
 
 
 def test_a_tiny_jobs_checkpoint_is_loaded_as_untrusted_input(tmp_path):
