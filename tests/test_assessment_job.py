@@ -42,6 +42,11 @@ MISTAKES = {
     # found by an outside review: the message said no sampler was built
     "training size written in": ([("train_size=args.train_size", "train_size=240")],
                                  "DistributedSampler covers"),
+    # weight decay applied by hand after each step: not a step the check (or the grader's replay) can take again
+    "weights changed by hand": ([("            schedule.step()\n",
+                                  "            schedule.step()\n            with torch.no_grad():\n"
+                                  "                for p in model.parameters():\n                    p.mul_(0.999)\n")],
+                                "weights changed"),
     "a scheduler that differs by rank": ([("lr = settings.BASE_LR * (global_batch / settings.BASE_BATCH) / 2",
                                            "lr = settings.BASE_LR * (global_batch / settings.BASE_BATCH) / (2 + dist.get_rank())")],
                                          "every rank must take the same steps"),
@@ -93,20 +98,39 @@ print(json.dumps({"code": result.code, "verdict": job.judge_counted_run(Path("re
 """
 
 
-def test_a_script_that_trains_otherwise_when_not_checked_has_its_run_that_counts_refused(tmp_path):
-    """The run that counts is recorded and judged by the job criterion's rules: a script that takes a smaller
-    batch when the check's simulated GPUs are absent gets no checkpoint counted (the notebook test runs the
-    solution's run that counts through the same judgement, which it passes)."""
+UNCHECKED = {   # a script that trains otherwise when the check's simulated GPUs are absent: (edit, message)
+    "a smaller batch": (("batch_size=args.global_batch // world_size",
+                         "batch_size=args.global_batch // world_size // (1 if os.environ.get('COURSE_PROBE_GPUS') else 4)"),
+                        "in batches of"),
+    # an outside review: extra passes at the baseline's batch, outside DDP and the optimizer, passed
+    "extra training by hand": (("        dist.all_reduce(totals)",
+                                "        if not os.environ.get('COURSE_PROBE_GPUS'):\n"
+                                "            for xb, yb in DataLoader(train_set, batch_size=32):\n"
+                                "                model.zero_grad()\n"
+                                "                F.cross_entropy(model(xb.to(device)), yb.to(device)).backward()\n"
+                                "                with torch.no_grad():\n"
+                                "                    for p in model.parameters():\n"
+                                "                        p -= 0.02 * p.grad\n"
+                                "        dist.all_reduce(totals)"),
+                               "weights changed"),
+}
+
+
+@pytest.mark.parametrize("trick", UNCHECKED, ids=list(UNCHECKED))
+def test_a_script_that_trains_otherwise_when_not_checked_has_its_run_that_counts_refused(trick, tmp_path):
+    """The run that counts is recorded and judged by the job criterion's rules: a script that trains otherwise
+    when it is not checked gets no checkpoint counted (the notebook test runs the solution's run that counts
+    through the same judgement, which it passes)."""
     import json
     import os
     import subprocess
     import sys
 
-    script = script_with(tmp_path, ("batch_size=args.global_batch // world_size",
-                                    "batch_size=args.global_batch // world_size // (1 if os.environ.get('COURSE_PROBE_GPUS') else 4)"))
+    edit, message = UNCHECKED[trick]
+    script = script_with(tmp_path, edit)
     done = subprocess.run([sys.executable, "-c", COUNTED, str(script)], cwd=tmp_path, capture_output=True, text=True,
                           env={**os.environ, "COURSE_QUICK": "1", "PYTHONPATH": str(INSTRUCTOR.parent.parent)}, timeout=500)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["code"] == 0, result["output"]
-    assert result["verdict"] and "the run that counts: " in result["verdict"] and "in batches of" in result["verdict"], result
+    assert result["verdict"] and "the run that counts: " in result["verdict"] and message in result["verdict"], result

@@ -481,6 +481,13 @@ class JobCheck:
                    f"the host queues more. Reads one after the other wait once; read after one or two steps per epoch at "
                    f"most (here {allowed} of the {len(batches)} steps of {self.job['epochs']} epochs): keep the loss sum on "
                    f"the device and read it once per epoch, for the log line.")
+        for rank, rec in sorted(records.items()):
+            changed = rec.get("weights_changed_between_steps", 0)
+            expect(not isinstance(changed, int) or changed == 0,
+                   f"{self.label}: {_who(rec)}'s model weights changed {changed} time(s) other than through an optimizer "
+                   f"step (between two steps, or between a step and a save): train only through the DDP model and its "
+                   f"optimizer, one step per batch; weights changed by hand are not the job's steps, and nothing "
+                   f"keeps the replicas equal.")
         printed = {rank: len(LOG_LINE.findall(rec["printed"])) for rank, rec in records.items()}
         chatty = [rank for rank, lines in printed.items() if rank != 0 and lines]
         by_local = " (LOCAL_RANK is 0 on every node: test the global rank, dist.get_rank())" if chatty and all(

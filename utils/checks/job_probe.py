@@ -10,7 +10,8 @@ wrapping a few torch functions so that they also write down their calls: ``init_
 script reduces by hand, whether it reaches the function as ``torch.distributed.all_reduce`` or as
 ``torch.distributed.distributed_c10d.all_reduce``), every ``optimizer.step()`` (the optimizer's class and each parameter group's
 settings in force, which schedulers change, so that a check can take the same steps), ``torch.save``,
-``destroy_process_group``, and the lines the rank printed.
+``destroy_process_group``, the lines the rank printed, and how many times the DDP model's weights changed
+other than through an optimizer step (between two steps, or between a step and a save).
 The record goes to ``$COURSE_PROBE_DIR/rank<RANK>.json`` when the process exits (after the script's own exit
 handlers), however the script ends, unless the process is killed or ends with ``os._exit``; it says
 whether the rank's error was a lost peer (a communication error or a timeout) rather than its own.
@@ -244,6 +245,35 @@ class SimulatedGPUs(TorchFunctionMode):
         return self.where.get(tensor) or "cpu"
 
 
+class _WeightWatch:
+    """Counts the times the DDP model's weights changed other than through an optimizer step: a copy is
+    taken after every step and compared (and taken again) before the next step and before every save. The
+    count stays on the weights' device until the record is written (no host sync per step on a GPU)."""
+
+    def __init__(self):
+        self.params, self.snapshot, self.changes = [], None, None
+
+    def watch(self, params) -> None:
+        self.params, self.snapshot = list(params), None
+
+    def after_step(self) -> None:
+        with torch._C.DisableTorchFunction(), torch.no_grad():
+            self.snapshot = [p.detach().clone() for p in self.params]
+
+    def compare(self) -> None:
+        if self.snapshot is None:
+            return
+        with torch._C.DisableTorchFunction(), torch.no_grad():
+            changed = torch.stack([((p != s) & ~(p.isnan() & s.isnan())).any()         # NaN stays NaN: unchanged
+                                   for p, s in zip(self.params, self.snapshot)]).any().int()
+            self.changes = changed if self.changes is None else self.changes + changed
+        self.after_step()           # compared from here on: one change is counted once
+
+    def count(self) -> int:
+        with torch._C.DisableTorchFunction():
+            return 0 if self.changes is None else int(self.changes.item())
+
+
 def _setting(value):
     """A parameter group's setting as JSON can hold it (a tensor learning rate as its number)."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:
@@ -265,7 +295,7 @@ def step_record(optimizer, index: dict) -> dict:
                        for group in optimizer.param_groups]}
 
 
-def _record_calls(record: dict, gpus: SimulatedGPUs) -> None:
+def _record_calls(record: dict, gpus: SimulatedGPUs, weights: _WeightWatch) -> None:
     init, destroy, save, all_reduce = dist.init_process_group, dist.destroy_process_group, torch.save, dist.all_reduce
     sampler_init, set_epoch, sampler_iter = DistributedSampler.__init__, DistributedSampler.set_epoch, DistributedSampler.__iter__
     ddp_init, ddp_forward = DistributedDataParallel.__init__, DistributedDataParallel.forward
@@ -314,6 +344,7 @@ def _record_calls(record: dict, gpus: SimulatedGPUs) -> None:
         return destroyed
 
     def saved(obj, f, *args, **kwargs):
+        weights.compare()
         record["saves"].append(str(f))
         return save(obj, f, *args, **kwargs)
 
@@ -354,6 +385,7 @@ def _record_calls(record: dict, gpus: SimulatedGPUs) -> None:
         record["params"] = sum(p.numel() for p in module.parameters())
         positions.clear()
         positions.update({id(p): i for i, p in enumerate(module.parameters())})
+        weights.watch(module.parameters())
         record["param_tensors"] = len(positions)
         record["model_device"] = sorted({gpus.device_of(p) for p in module.parameters()})
         ids = bound.arguments.get("device_ids")
@@ -385,12 +417,14 @@ def _record_calls(record: dict, gpus: SimulatedGPUs) -> None:
             gpus.internal -= 1
 
     def before_step(optimizer, args, kwargs):
+        weights.compare()
         if len(record["steps"]) < MAX_STEPS:
             record["steps"].append(step_record(optimizer, positions))
         gpus.internal += 1          # the optimizer's own code sees the real devices (it picks its kernels by them)
 
     def after_step(optimizer, args, kwargs):
         gpus.internal -= 1
+        weights.after_step()
 
     register_optimizer_step_pre_hook(before_step)
     register_optimizer_step_post_hook(after_step)
@@ -464,10 +498,11 @@ def main(argv: list[str]) -> None:
               "steps": [], "sync_points": {}, "peer_lost": False}
     printed: list[str] = []
     gpus = SimulatedGPUs(record, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), os.environ.get("COURSE_PROBE_GPUS") == "1")
-    _record_calls(record, gpus)
+    weights = _WeightWatch()
+    _record_calls(record, gpus, weights)
     # Written at exit, after the script's own exit handlers (atexit runs the last registered first): a script
     # may rightly tear its group down in one of them.
-    atexit.register(_write_record, out, rank, record, printed)
+    atexit.register(_write_record, out, rank, record, printed, weights)
     sys.stdout = _Tee(sys.stdout, printed)
     sys.argv = list(argv)
     try:
@@ -486,8 +521,12 @@ def main(argv: list[str]) -> None:
         raise
 
 
-def _write_record(out: Path, rank: str, record: dict, printed: list[str]) -> None:
+def _write_record(out: Path, rank: str, record: dict, printed: list[str], weights: _WeightWatch) -> None:
     record["printed"] = "".join(printed)[-20000:]
+    try:
+        record["weights_changed_between_steps"] = weights.count()
+    except Exception as error:  # noqa: BLE001 - a device lost at exit: the record still goes out, saying so
+        record["weights_changed_between_steps"] = f"unknown ({type(error).__name__})"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{rank}.json").write_text(json.dumps(record))
     if os.environ.get("COURSE_PROBE_REFUSAL") == "1":
