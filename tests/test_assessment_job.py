@@ -37,8 +37,18 @@ MISTAKES = {
     "rendezvous address written in": ([("    dist.init_process_group(backend, ",
                                         "    dist.init_process_group(backend, init_method=f\"tcp://127.0.0.1:{os.environ['MASTER_PORT']}\", ")],
                                       "init_method='tcp://127.0.0.1:"),
+    # found by an outside review: accepted (the address went in through the environment or a store of its own)
+    "MASTER_ADDR rewritten": ([("    dist.init_process_group(backend, ", "    os.environ['MASTER_ADDR'] = 'localhost'\n"
+                                                                      "    dist.init_process_group(backend, ")],
+                              "MASTER_ADDR:MASTER_PORT changed to localhost:"),
+    "a store at an address written in": ([("    dist.init_process_group(backend, ",
+                                           "    store = dist.TCPStore('127.0.0.1', int(os.environ['MASTER_PORT']), is_master=False,\n"
+                                           "                          timeout=datetime.timedelta(seconds=60))\n"
+                                           "    dist.init_process_group(backend, store=dist.PrefixStore('job', store), "
+                                           "rank=int(os.environ['RANK']), world_size=int(os.environ['WORLD_SIZE']), ")],
+                                         "store=127.0.0.1:"),
     "only the last checkpoint saved": ([("            torch.save(", "            if epoch + 1 == args.epochs:\n                torch.save(")],
-                                       "rank 0 saved 1 checkpoint file(s) ['epoch_02.pt'] in 2 epochs"),
+                                       "rank 0 saved 1 time(s) in 2 epochs (['epoch_02.pt'])"),
     # found by an outside review: the message said no sampler was built
     "training size written in": ([("train_size=args.train_size", "train_size=240")],
                                  "DistributedSampler covers"),
@@ -76,6 +86,23 @@ def test_importing_the_grader_reads_no_settings_before_its_quick_option_is_set()
     done = subprocess.run([sys.executable, "-c", "import sys, assessment.grade; print('assessment.settings' in sys.modules)"],
                           capture_output=True, text=True, env=env, cwd=INSTRUCTOR.parent.parent, timeout=120)
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_a_right_job_written_otherwise_passes(tmp_path):
+    """Found refused by an outside review: a new sampler and loader every epoch (set_epoch on each), and each
+    checkpoint written to a temporary name and renamed (never a half-written file)."""
+    CHECK.check_training(script_with(
+        tmp_path,
+        ("    sampler = DistributedSampler(train_set, shuffle=True, seed=args.seed)\n"
+         "    loader = DataLoader(train_set, batch_size=args.global_batch // world_size, sampler=sampler)\n", ""),
+        ("len(loader), args.epochs)", "-(-len(train_set) // world_size // (args.global_batch // world_size)), args.epochs)"),
+        ("        sampler.set_epoch(epoch)",
+         "        sampler = DistributedSampler(train_set, shuffle=True, seed=args.seed)\n"
+         "        loader = DataLoader(train_set, batch_size=args.global_batch // world_size, sampler=sampler)\n"
+         "        sampler.set_epoch(epoch)"),
+        ("            torch.save(model.state_dict(), os.path.join(args.out, settings.checkpoint_name(epoch + 1)))",
+         "            torch.save(model.state_dict(), os.path.join(args.out, 'partial.pt'))\n"
+         "            os.replace(os.path.join(args.out, 'partial.pt'), os.path.join(args.out, settings.checkpoint_name(epoch + 1)))")))
 
 
 def test_a_teardown_registered_with_atexit_tears_down_when_a_rank_fails(tmp_path):

@@ -345,22 +345,31 @@ class JobCheck:
                                  "and dist.get_world_size()."))
 
     def _diagnose_rendezvous(self, records: dict) -> None:
-        """A rendezvous address written into the script (an ``init_method`` other than torchrun's)."""
+        """A rendezvous address written into the script: an ``init_method`` or a ``store`` other than torchrun's
+        address, or MASTER_ADDR / MASTER_PORT changed before init_process_group read them."""
         for rank, rec in sorted(records.items()):
             init = rec["init"] or {}
-            method, master = init.get("init_method"), init.get("master")
-            if method in (None, "env://") or master is None:
+            master = init.get("master")
+            if master is None:
                 continue
-            try:
-                parsed = urlsplit(method)
-                same = parsed.scheme == "tcp" and f"{parsed.hostname}:{parsed.port}" == master
-            except ValueError:
-                same = False
-            expect(same, f"{self.label}: {_who(rec)} called init_process_group with init_method={method!r}, but torchrun "
-                         f"says the job meets at {master} (MASTER_ADDR:MASTER_PORT). An address written into the "
-                         f"script works while every process runs on one machine; on a cluster the other machines' "
-                         f"processes look for it on their own machine. Leave init_method out: init_process_group then "
-                         f"reads MASTER_ADDR and MASTER_PORT from torchrun's environment (env://).")
+            method, store, env = init.get("init_method"), init.get("store"), init.get("env_master", master)
+            if store is not None:
+                given, meets = f"store={store}", store
+            elif method not in (None, "env://"):
+                try:
+                    parsed = urlsplit(method)
+                    meets = f"{parsed.hostname}:{parsed.port}" if parsed.scheme == "tcp" else method
+                except ValueError:
+                    meets = method
+                given = f"init_method={method!r}"
+            else:
+                given, meets = f"MASTER_ADDR:MASTER_PORT changed to {env}", env
+            expect(meets == master,
+                   f"{self.label}: {_who(rec)} joined the process group with {given}, but torchrun says the job meets at "
+                   f"{master} (MASTER_ADDR:MASTER_PORT as torchrun set them). An address written into the script works "
+                   f"while every process runs on one machine; on a cluster the other machines' processes look for it "
+                   f"on their own machine. Leave init_method, store and MASTER_ADDR alone: init_process_group then "
+                   f"reads torchrun's MASTER_ADDR and MASTER_PORT (env://).")
 
     def _diagnose_devices(self, records: dict) -> None:
         """What a GPU node refuses or punishes: each rank's device, set_device, the backend, where tensors live.
@@ -428,14 +437,15 @@ class JobCheck:
                              f"trains on all of the data (the same samples {nproc} times), not on its own share. "
                              f"Give the training DataLoader sampler=DistributedSampler(train_set, shuffle=True, "
                              f"seed=args.seed).")
-            sampler = samplers[0]
-            expect(sampler["shuffle"] and sampler["seed"] == self.job["seed"],
-                   f"{self.label}: the training DistributedSampler has shuffle={sampler['shuffle']}, seed={sampler['seed']}; "
-                   f"the job shuffles with the seed it is given: shuffle=True, seed=args.seed.")
-            epochs = sampler["iterated"]
+            for sampler in samplers:   # one sampler, or a new one every epoch: each shuffles with the job's seed
+                expect(sampler["shuffle"] and sampler["seed"] == self.job["seed"],
+                       f"{self.label}: the training DistributedSampler has shuffle={sampler['shuffle']}, seed={sampler['seed']}; "
+                       f"the job shuffles with the seed it is given: shuffle=True, seed=args.seed.")
+            epochs = [epoch for sampler in samplers for epoch in sampler["iterated"]]
+            set_to = [epoch for sampler in samplers for epoch in sampler["epochs"]]
             expect(len(epochs) == self.job["epochs"] and len(set(epochs)) == len(epochs),
                    f"{self.label}: over {self.job['epochs']} epochs, rank {rank}'s sampler was read with set_epoch values {epochs} "
-                   f"(set_epoch called with {sampler['epochs'] or 'nothing'}). Call sampler.set_epoch(epoch) at the "
+                   f"(set_epoch called with {set_to or 'nothing'}). Call sampler.set_epoch(epoch) at the "
                    f"start of every epoch: without a new value every epoch visits the samples in the same order.")
             first = first if rank else epochs
             expect(epochs == first, f"{self.label}: rank {rank}'s sampler was read with set_epoch values {epochs}, rank 0's with "
@@ -502,11 +512,11 @@ class JobCheck:
             records[rank]["local_rank"] == "0" for rank in savers if rank) and len(savers) > 1 else ""
         expect(savers == [0], f"{self.label}: torch.save was called on rank(s) {savers or 'none'}: rank 0 alone saves "
                               f"the checkpoint{by_local} (several processes writing one file can corrupt it).")
-        saved = sorted({Path(path).name for path in records[0]["saves"]})
-        expect(not self.checkpoint_every_epoch or len(saved) >= self.job["epochs"],
-               f"{self.label}: rank 0 saved {len(saved)} checkpoint file(s) {saved} in {self.job['epochs']} epochs: save one "
-               f"after every epoch, each under its own name ({self.saved} is the last), as the run that counts is "
-               f"judged on consecutive epochs' checkpoints.")
+        saves = records[0]["saves"]       # counted, not their names: a save to a temporary name renamed after is fine
+        expect(not self.checkpoint_every_epoch or len(saves) >= self.job["epochs"],
+               f"{self.label}: rank 0 saved {len(saves)} time(s) in {self.job['epochs']} epochs "
+               f"({sorted({Path(path).name for path in saves})}): save a checkpoint after every epoch, each under its own "
+               f"name ({self.saved} is the last), as the run that counts is judged on consecutive epochs' checkpoints.")
         not_destroyed = sorted(rank for rank, rec in records.items() if not rec["destroyed"])
         expect(not not_destroyed, f"{self.label}: rank(s) {not_destroyed} never called dist.destroy_process_group(): end the "
                                   f"job by tearing the group down, in a finally block so it happens even on error.")

@@ -286,6 +286,18 @@ def _setting(value):
     return f"<{type(value).__name__}>"
 
 
+def _store_address(store) -> str | None:
+    """Where a store given to init_process_group lives: "host:port" for a TCPStore (through any PrefixStore),
+    its class for another kind, None for none."""
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    if store is None:
+        return None
+    if isinstance(store, dist.TCPStore):
+        return f"{store.host}:{store.port}"
+    return type(store).__name__
+
+
 def step_record(optimizer, index: dict) -> dict:
     """One optimizer step: the optimizer's class, and per parameter group its parameters (their positions in
     the DDP model's ``parameters()``, -1 for one outside it) and its settings at this step."""
@@ -304,6 +316,7 @@ def _record_calls(record: dict, gpus: SimulatedGPUs, weights: _WeightWatch) -> N
     right = {"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
     refusal = os.environ.get("COURSE_PROBE_REFUSAL") == "1"
     calls_only = os.environ.get("COURSE_PROBE_CALLS_ONLY") == "1"   # a real run: its settings left as they are
+    torchrun_master = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"   # before the script runs
     positions = {}                                   # id of a parameter of the DDP model -> its position
 
     def init_process_group(*args, **kwargs):
@@ -313,7 +326,9 @@ def _record_calls(record: dict, gpus: SimulatedGPUs, weights: _WeightWatch) -> N
         record["init"]["backend"] = str(given.get("backend"))
         method = given.get("init_method")
         record["init"]["init_method"] = None if method is None else str(method)[:300]
-        record["init"]["master"] = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        record["init"]["master"] = torchrun_master
+        record["init"]["env_master"] = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        record["init"]["store"] = _store_address(given.get("store"))
         wrong = {key: value for key, value in record["init"].items()
                  if key in right and value not in (None, -1) and int(value) != right[key]}
         if wrong:   # the ranks would wait for each other until the timeout: stop now, the check explains why
