@@ -89,17 +89,22 @@ def test_importing_the_grader_reads_no_settings_before_its_quick_option_is_set()
 
 
 def test_a_right_job_written_otherwise_passes(tmp_path):
-    """Found refused by an outside review: a new sampler and loader every epoch (set_epoch on each), and each
-    checkpoint written to a temporary name and renamed (never a half-written file)."""
+    """Found refused by an outside review: a new sampler and loader every epoch (set_epoch on each), each
+    epoch's last smaller batch dropped (drop_last=True, as the baseline's loop does), a long progress line
+    after every step (the epoch lines once fell out of the record's tail), and each checkpoint written to a
+    temporary name and renamed (never a half-written file)."""
     CHECK.check_training(script_with(
         tmp_path,
         ("    sampler = DistributedSampler(train_set, shuffle=True, seed=args.seed)\n"
          "    loader = DataLoader(train_set, batch_size=args.global_batch // world_size, sampler=sampler)\n", ""),
-        ("len(loader), args.epochs)", "-(-len(train_set) // world_size // (args.global_batch // world_size)), args.epochs)"),
+        ("len(loader), args.epochs)", "len(train_set) // world_size // (args.global_batch // world_size), args.epochs)"),
         ("        sampler.set_epoch(epoch)",
          "        sampler = DistributedSampler(train_set, shuffle=True, seed=args.seed)\n"
-         "        loader = DataLoader(train_set, batch_size=args.global_batch // world_size, sampler=sampler)\n"
+         "        loader = DataLoader(train_set, batch_size=args.global_batch // world_size, sampler=sampler,\n"
+         "                            drop_last=True)\n"
          "        sampler.set_epoch(epoch)"),
+        ("            schedule.step()\n", "            schedule.step()\n"
+                                       "            if rank == 0:\n                print('progress ' + '.' * 1500)\n"),
         ("            torch.save(model.state_dict(), os.path.join(args.out, settings.checkpoint_name(epoch + 1)))",
          "            torch.save(model.state_dict(), os.path.join(args.out, 'partial.pt'))\n"
          "            os.replace(os.path.join(args.out, 'partial.pt'), os.path.join(args.out, settings.checkpoint_name(epoch + 1)))")))

@@ -36,11 +36,10 @@ import torch.nn.functional as F
 
 from . import NotSolved, exercise, expect
 from .. import export
-from .job_probe import INJECTED, SimulatedGPUs
+from .job_probe import EPOCH_LINE as LOG_LINE, INJECTED, SimulatedGPUs
 
 TIME_LIMIT_S = 150          # the probe caps the process group's timeout at 60 s
 WEIGHT_TOLERANCE = 1e-4     # float32 sums taken in another order differ by ~1e-6 after these steps
-LOG_LINE = re.compile(r"^epoch\s+(\d+)\s+train_loss\s+(\S+)\s+test_accuracy\s+(\S+)", re.MULTILINE)
 FIXED_OPTIMIZER = "fixed"       # SGD(lr, momentum=0.9), as the single-process script has it
 REPLAYED_OPTIMIZER = "replayed"  # the optimizer steps the probe recorded, taken again by the reference
 # Host reads of GPU values a rank may make per epoch, counted by the training steps after which it read any (reads
@@ -78,6 +77,11 @@ def _rank_batches(n: int, world_size: int, per_rank: int, epoch: int | None, see
 
 def _tail(text: str, lines: int = 25) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _epoch_lines(rec: dict) -> str:
+    """The epoch lines a rank printed (all of them, however much else it printed; the probe keeps them apart)."""
+    return rec.get("epoch_lines", rec["printed"])
 
 
 def _who(rec: dict) -> str:
@@ -216,11 +220,12 @@ class JobCheck:
                          test_size=self.job["test_size"], **options)
 
     def reference_run(self, world_size: int, *, set_epoch: bool = True, dataset=None, epochs=None,
-                      steps: list | None = None) -> dict:
+                      steps: list | None = None, drop_last: bool = False) -> dict:
         """Train as the job should, in one process: each step takes all ranks' batches, each with the dropout
         masks the probe gave that rank's forward, and averages the ranks' mean losses, as DDP averages
         their gradients. ``epochs``: the value set_epoch gave each epoch (default 0, 1, ...). ``steps``: rank
-        0's recorded optimizer steps, which a replayed optimizer takes again.
+        0's recorded optimizer steps, which a replayed optimizer takes again. ``drop_last``: each rank's last
+        smaller batch of an epoch left out, as a DataLoader with drop_last=True does.
 
         Returns the final ``state``, and per epoch the ``train_loss`` (over all samples of all ranks),
         ``rank0_loss`` (rank 0's samples only: what a log without the mean over ranks shows) and
@@ -241,6 +246,8 @@ class JobCheck:
         history, step = [], 0
         for epoch in (epochs if epochs is not None else range(job["epochs"])):
             batches = _rank_batches(len(dataset.x_train), world_size, per_rank, epoch if set_epoch else None, job["seed"])
+            if drop_last:                  # a DataLoader with drop_last=True: each rank's last smaller batch left out
+                batches = [[batch for batch in mine if len(batch) == per_rank] for mine in batches]
             total = count = rank0_total = rank0_count = 0.0
             model.train()
             for at in range(len(batches[0])):
@@ -410,10 +417,17 @@ class JobCheck:
                    f"{self.label}: {_who(rec)} gave DDP device_ids={rec['device_ids']}; its model is on {own}: "
                    f"device_ids=[device] (or None).")
 
-    def _expected_batches(self, nproc: int) -> list[int]:
-        """The training batch sizes of every rank over the job: its sampler's share in per-rank batches."""
+    def _expected_batches(self, nproc: int, drop_last: bool = False) -> list[int]:
+        """The training batch sizes of every rank over the job: its sampler's share in per-rank batches (with
+        ``drop_last``, as a DataLoader with drop_last=True gives them: without each epoch's last smaller batch)."""
         share, per_rank = math.ceil(self.job["train_size"] / nproc), self.job["global_batch"] // nproc
-        return ([per_rank] * (share // per_rank) + ([share % per_rank] if share % per_rank else [])) * self.job["epochs"]
+        last = [share % per_rank] if share % per_rank and not drop_last else []
+        return ([per_rank] * (share // per_rank) + last) * self.job["epochs"]
+
+    def _drops_last(self, records: dict, nproc: int) -> bool:
+        """Whether rank 0 left out each epoch's last smaller batch (drop_last=True), which the job may do."""
+        dropped = self._expected_batches(nproc, drop_last=True)
+        return dropped != self._expected_batches(nproc) and records.get(0, {}).get("batches") == dropped
 
     def _diagnose_calls(self, records: dict, nproc: int) -> list:
         """What each rank called, did and printed. Returns the epochs that set_epoch gave the sampler."""
@@ -452,7 +466,7 @@ class JobCheck:
                                     f"{first}: every rank must use the same value, or their shares overlap.")
             expect(rec["ddp"] >= 1, f"{self.label}: rank {rank} never wrapped the model in DistributedDataParallel: nothing "
                                     f"averages the gradients, and the replicas drift apart.")
-        expected = self._expected_batches(nproc)
+        expected = self._expected_batches(nproc, drop_last=self._drops_last(records, nproc))
         for rank, rec in sorted(records.items()):
             batches = rec["batches"]
             in_eval = rec.get("ddp_eval_with_grad", 0)
@@ -474,7 +488,8 @@ class JobCheck:
                    f"epochs, in batches of {sorted(set(batches), reverse=True)}; with a global batch of "
                    f"{self.job['global_batch']} on {nproc} processes, each rank runs {len(expected)} steps on its own "
                    f"{sum(expected)} samples (its DistributedSampler's share), in batches of "
-                   f"{self.job['global_batch']} / {nproc} = {self.job['global_batch'] // nproc}: every rank does its part of the work.")
+                   f"{self.job['global_batch']} / {nproc} = {self.job['global_batch'] // nproc} (each epoch's last batch smaller, "
+                   f"unless the loader drops it with drop_last=True on every rank): every rank does its part of the work.")
             expect(rec["all_reduced"] < rec["params"],
                    f"{self.label}: {_who(rec)} all-reduced {rec['all_reduced']:,} values by hand, {rec['all_reduced'] / rec['params']:.1f} "
                    f"times the model's {rec['params']:,} parameters: DDP already averages the gradients during "
@@ -498,7 +513,7 @@ class JobCheck:
                    f"step (between two steps, or between a step and a save): train only through the DDP model and its "
                    f"optimizer, one step per batch; weights changed by hand are not the job's steps, and nothing "
                    f"keeps the replicas equal.")
-        printed = {rank: len(LOG_LINE.findall(rec["printed"])) for rank, rec in records.items()}
+        printed = {rank: len(LOG_LINE.findall(_epoch_lines(rec))) for rank, rec in records.items()}
         chatty = [rank for rank, lines in printed.items() if rank != 0 and lines]
         by_local = " (LOCAL_RANK is 0 on every node: test the global rank, dist.get_rank())" if chatty and all(
             records[rank]["local_rank"] == "0" for rank in chatty) else ""
@@ -568,7 +583,7 @@ class JobCheck:
                + ("each rank's optimizer takes the same steps (one optimizer.step() per batch, after backward)."
                   if self.optimizer == REPLAYED_OPTIMIZER else
                   "the optimizer is SGD(lr, momentum=0.9) as in the single-process script."))
-        logged = [(int(e), float(loss), float(acc)) for e, loss, acc in LOG_LINE.findall(records[0]["printed"])]
+        logged = [(int(e), float(loss), float(acc)) for e, loss, acc in LOG_LINE.findall(_epoch_lines(records[0]))]
         pairs = list(zip(logged, reference["history"]))
         own = all(abs(loss - ref["rank0_loss"]) <= 1e-3 * max(1.0, ref["rank0_loss"]) for (_, loss, _), ref in pairs)
         for (epoch, loss, accuracy), ref in pairs:
@@ -630,7 +645,8 @@ class JobCheck:
             steps = self._diagnose_steps(records, nproc)
         else:
             steps = None
-        self._compare(records, state, self.reference_run(nproc, epochs=epochs, steps=steps), nproc)
+        reference = self.reference_run(nproc, epochs=epochs, steps=steps, drop_last=self._drops_last(records, nproc))
+        self._compare(records, state, reference, nproc)
 
     def check_one_rank_failing(self, script: Path) -> None:
         """Rank 1 of 2 (on the second node) raises in its 3rd training step: the job must fail, and tear down."""

@@ -46,6 +46,7 @@ import inspect
 import io
 import json
 import os
+import re
 import runpy
 import sys
 import time
@@ -74,6 +75,8 @@ REFUSAL_TIMEOUT = datetime.timedelta(seconds=20)
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Connection refused", "Broken pipe",
              "Timed out", "timed out")
 DROPOUT_SEEDS_PER_FORWARD = 16
+# The log line a job prints after every epoch (its start is enough: the check reads these three numbers).
+EPOCH_LINE = re.compile(r"^epoch\s+(\d+)\s+train_loss\s+(\S+)\s+test_accuracy\s+(\S+)", re.MULTILINE)
 _DESTROY = dist.destroy_process_group          # torch's own, which the probe's record of the script's call wraps
 
 
@@ -257,11 +260,13 @@ class _WeightWatch:
         self.params, self.snapshot = list(params), None
 
     def after_step(self) -> None:
+        if not self.params:             # no DDP model: the check says so, nothing to watch
+            return
         with torch._C.DisableTorchFunction(), torch.no_grad():
             self.snapshot = [p.detach().clone() for p in self.params]
 
     def compare(self) -> None:
-        if self.snapshot is None:
+        if not self.snapshot:
             return
         with torch._C.DisableTorchFunction(), torch.no_grad():
             changed = torch.stack([((p != s) & ~(p.isnan() & s.isnan())).any()         # NaN stays NaN: unchanged
@@ -537,7 +542,10 @@ def main(argv: list[str]) -> None:
 
 
 def _write_record(out: Path, rank: str, record: dict, printed: list[str], weights: _WeightWatch) -> None:
-    record["printed"] = "".join(printed)[-20000:]
+    text = "".join(printed)
+    record["printed"] = text[-20000:]
+    # The epoch lines apart: a job that prints a progress line every step would push them out of the tail.
+    record["epoch_lines"] = "\n".join(line.group(0) for line in EPOCH_LINE.finditer(text))[-100_000:]
     try:
         record["weights_changed_between_steps"] = weights.count()
     except Exception as error:  # noqa: BLE001 - a device lost at exit: the record still goes out, saying so
