@@ -13,13 +13,16 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_TIMEOUT = int(os.environ.get("COURSE_NOTEBOOK_TIMEOUT", "420"))
 
 
-def run_notebook(path: Path, out: Path, *, allow_errors: bool = False, timeout: int = NOTEBOOK_TIMEOUT):
-    """Execute ``path`` in quick mode; return (completed process, executed notebook or None)."""
+def run_notebook(path: Path, out: Path, *, allow_errors: bool = False, timeout: int = NOTEBOOK_TIMEOUT,
+                 env: dict | None = None):
+    """Execute ``path`` in quick mode; return (completed process, executed notebook or None).
+
+    ``env`` adds settings (such as ``COURSE_CORES``) to the notebook's environment."""
     command = [sys.executable, "-m", "utils.course", "--quick", "--no-html", "--out", str(out), str(path)]
     if allow_errors:
         command.append("--allow-errors")
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+                               start_new_session=True, env={**os.environ, **(env or {})})
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -7,6 +7,7 @@ import nbformat
 import pytest
 
 from notebook_runner import ROOT, exercise_cells, run_notebook
+from verdict_rules import contradictions
 
 NOTEBOOKS = sorted((ROOT / "labs").glob("*.ipynb")) + sorted((ROOT / "assessment").glob("*.ipynb"))
 LABS = sorted((ROOT / "labs").glob("*.ipynb"))
@@ -66,8 +67,11 @@ def test_lab_follows_the_skeleton(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
 def test_runs_in_quick_mode_and_passes_every_check(path, tmp_path):
-    result, nb = run_notebook(path, tmp_path)
+    verdicts = tmp_path / "verdicts.jsonl"
+    result, nb = run_notebook(path, tmp_path, env={"COURSE_VERDICTS": str(verdicts)})
     assert result.returncode == 0, f"{path.name} failed in quick mode:\n{result.stderr}\n{result.stdout}"
+    assert not contradictions(verdicts), f"{path.name} printed verdicts its numbers do not bear out (this machine's " \
+                                         f"worker counts):\n" + "\n".join(contradictions(verdicts))
     for _, check in exercise_cells(nb):
         # %%px cells show each engine's output as display data ("[stdout:N] ..."), the kernel's as a stream
         printed = "".join(o.get("text", "") if o.output_type == "stream" else o.get("data", {}).get("text/plain", "")

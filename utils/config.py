@@ -10,6 +10,8 @@ setting changes all of them:
   (default: ``data/`` at the top of the course).
 - ``COURSE_DATASET``: the image dataset the later labs use (see ``utils.data.DATASETS``).
 - ``COURSE_DOWNLOAD=0``: never try the network; missing files raise an error instead.
+- ``COURSE_CORES=N``: pick worker counts as a machine with ``N`` cores would (the suite runs
+  labs 06-08 as an 8-core laptop does, oversubscribed: accuracy-level claims, not timings).
 """
 from __future__ import annotations
 
@@ -34,6 +36,31 @@ def quick_mode() -> bool:
 def pick(quick, full):
     """Return ``quick`` in quick mode and ``full`` otherwise."""
     return quick if quick_mode() else full
+
+
+def cores() -> int:
+    """The cores the labs plan for: ``COURSE_CORES`` if set, else the cores this process may use.
+
+    Labs pick their worker counts from this number. Setting it above the real count runs the
+    workers oversubscribed (they take turns on the cores): what they compute is what a learner's
+    machine with that many cores computes, but their times measure the turns.
+    """
+    value = os.environ.get("COURSE_CORES", "").strip()
+    if value:
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"COURSE_CORES={value!r}: give a whole number of cores, 1 or more (or unset it)")
+        return int(value)
+    return real_cores()
+
+
+def real_cores() -> int:
+    """The cores this process may really use, whatever ``COURSE_CORES`` says."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def oversubscribed() -> bool:
+    """True when ``COURSE_CORES`` plans for more cores than this process has: timings are not claims."""
+    return cores() > real_cores()
 
 
 def download_allowed() -> bool:
