@@ -5,7 +5,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from utils.landscape import filter_normalize, interpolate, random_direction, surface_2d, top_hessian_eigenvalue
+from utils.landscape import (epsilon_sharpness, filter_normalize, interpolate, random_direction, surface_2d,
+                             top_hessian_eigenvalue)
 from utils.models import MLP
 
 
@@ -177,3 +178,56 @@ def test_surface_2d_centre_layout_and_zero_directions():
     moved = {n: center[n] + 0.5 * d for n, d in zip(names, d1)}
     assert surface[0, 2].item() == pytest.approx(loss_at(model, moved, x, y), rel=1e-12)
     assert same_state(state(model), before) and model.training
+
+
+# --- epsilon_sharpness (Keskar et al. 2017, metric 2.1 with A = I) --------------------------------
+
+def small_regression():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(20, 3, generator=g, dtype=torch.float64)
+    y = torch.randn(20, 1, generator=g, dtype=torch.float64)
+    model = nn.Linear(3, 1, bias=False).double()
+    with torch.no_grad():
+        model.weight.copy_(torch.linalg.lstsq(x, y).solution.T)     # the exact minimum of the loss
+    return model, x, y
+
+
+def test_epsilon_sharpness_finds_the_box_maximum_of_a_convex_loss():
+    # A convex loss takes its maximum over a box at a corner: with 3 weights, 8 corners to try.
+    model, x, y = small_regression()
+    eps = 0.05
+    w = model.weight.detach().clone()
+    half = eps * (w.abs() + 1)
+    base = F.mse_loss(model(x), y).item()
+    corners = []
+    for signs in torch.cartesian_prod(*[torch.tensor([-1.0, 1.0], dtype=torch.float64)] * 3):
+        corners.append(F.mse_loss(x @ (w + signs * half).T, y).item())
+    exact = 100 * (max(corners) - base) / (1 + base)
+    found = epsilon_sharpness(model, F.mse_loss, x, y, epsilon=eps, steps=20)
+    assert found == pytest.approx(exact, rel=1e-6)
+    assert torch.equal(model.weight, w), "the weights must be restored"
+
+
+def test_epsilon_sharpness_is_relative_and_grows_with_the_box():
+    model, x, y = small_regression()
+    small = epsilon_sharpness(model, F.mse_loss, x, y, epsilon=1e-3)
+    large = epsilon_sharpness(model, F.mse_loss, x, y, epsilon=1e-2)
+    assert 0 < small < large
+    # At a minimum of a quadratic the rise grows with the square of the box.
+    assert large / small == pytest.approx(100, rel=0.05)
+
+
+def test_epsilon_sharpness_of_an_mlp_leaves_it_alone_and_is_seeded():
+    model, (x, y) = tiny_mlp(0), data()
+    model.train()
+    before = state(model)
+    a = epsilon_sharpness(model, F.cross_entropy, x, y, epsilon=1e-2, seed=3)
+    assert a > 0 and model.training and same_state(before, state(model))
+    assert epsilon_sharpness(model, F.cross_entropy, x, y, epsilon=1e-2, seed=3) == a
+
+
+@pytest.mark.parametrize("kwargs, words", [(dict(epsilon=0), "epsilon"), (dict(steps=0), "steps")])
+def test_epsilon_sharpness_rejects_bad_settings(kwargs, words):
+    model, (x, y) = tiny_mlp(0), data()
+    with pytest.raises(ValueError, match=words):
+        epsilon_sharpness(model, F.cross_entropy, x, y, **kwargs)

@@ -1,10 +1,11 @@
 """Sharpness and loss landscapes of a trained network (lab 07, "sharp minima" and "loss landscapes").
 
+- ``epsilon_sharpness``: Keskar et al.'s own measure (2017, "On Large-Batch Training for Deep
+  Learning: Generalization Gap and Sharp Minima", metric 2.1 in the full space): the largest rise of
+  the loss in a small box around the weights, relative to the loss, in percent.
 - ``top_hessian_eigenvalue``: the curvature of the loss in its steepest direction, by power
-  iteration with Hessian-vector products. Keskar et al. (2016, "On Large-Batch Training for Deep
-  Learning: Generalization Gap and Sharp Minima") find that large-batch SGD ends in sharper minima;
-  this number is one of the sharpness measures used since (Yao et al. 2018, "Hessian-based
-  analysis of large batch training").
+  iteration with Hessian-vector products, the sharpness measure of later studies (Yao et al. 2018,
+  "Hessian-based analysis of large batch training").
 - ``random_direction``, ``filter_normalize``, ``interpolate``, ``surface_2d``: the plots of Li et al.
   (2018, "Visualizing the Loss Landscape of Neural Nets"): the loss along the straight line between
   two solutions, and on a plane through one solution spanned by two filter-normalised random
@@ -123,6 +124,62 @@ def top_hessian_eigenvalue(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.
                 break
             v = [h / hv_norm for h in hv]
     return eigenvalue
+
+
+def epsilon_sharpness(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor, epsilon: float = 1e-3,
+                      steps: int = 20, seed: int = 0) -> float:
+    """Keskar et al.'s sharpness: the largest rise of the loss in a box around the weights, in percent.
+
+    Their metric 2.1 with A = I (the whole weight space): with ``w`` the weights and ``f`` the loss,
+
+        100 * (max over |d_i| <= epsilon (|w_i| + 1) of f(w + d)  -  f(w)) / (1 + f(w))
+
+    The box is per weight and grows with the weight's size (``+ 1`` keeps it open around a weight
+    at zero), so it is less sensitive to the weights' scale than the top Hessian eigenvalue, though
+    not invariant. The maximum is not known in closed form: Keskar et al. search it with L-BFGS-B
+    (a quasi-Newton method with bounds); here it is searched by projected sign-gradient ascent, the
+    steepest ascent for a box (each step moves every weight by a quarter of its half-width in the
+    direction that raises the loss, then clips to the box), from a seeded random start inside the
+    box (at an exact minimum the gradient is zero), for ``steps`` steps, keeping the highest loss
+    seen. Any search finds a lower bound of the true maximum; with the same settings it is the same
+    lower bound for every solution it compares. Computed on ``x, y`` in one pass, in eval mode; the
+    model's weights and mode are left as they were. Every parameter that requires grad is perturbed.
+    """
+    if not epsilon > 0:
+        raise ValueError(f"epsilon must be > 0, got {epsilon!r} (Keskar et al.'s boxes are of the order of 1e-3)")
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no parameter that requires grad: there is no box to search")
+    device = _device(model)
+    x, y = x.to(device), y.to(device)
+    generator = torch.Generator().manual_seed(seed)
+    with _eval_and_restore(model):
+        start = [p.detach().clone() for p in params]
+        half = [epsilon * (w.abs() + 1) for w in start]
+        with torch.no_grad():
+            base = float(loss_fn(model(x), y))
+            # Drawn on the CPU so that the same seed gives the same start on every device.
+            delta = [(torch.rand(w.shape, generator=generator, dtype=w.dtype).to(device) * 2 - 1) * h / 2
+                     for w, h in zip(start, half)]
+        highest = base
+        for _ in range(steps):
+            with torch.no_grad():
+                for p, w, d in zip(params, start, delta):
+                    p.copy_(w + d)
+            loss = loss_fn(model(x), y)
+            highest = max(highest, float(loss))
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+            with torch.no_grad():
+                for d, g, h in zip(delta, grads, half):
+                    if g is not None:
+                        d.add_(g.sign() * h / 4).clamp_(min=-h, max=h)
+        with torch.no_grad():
+            for p, w, d in zip(params, start, delta):
+                p.copy_(w + d)
+            highest = max(highest, float(loss_fn(model(x), y)))
+    return 100 * (highest - base) / (1 + base)
 
 
 # --- Directions (Li et al. 2018, section 4) ------------------------------------------------------
