@@ -203,3 +203,28 @@ def test_train_run_stops_at_a_training_loss():
     assert run["steps_to_target"] is not None and run["steps_to_target"] < 400
     assert run["final"]["train_loss"] <= 1.0 < min(h["train_loss"] for h in run["history"][:-1])
     assert run["final"]["step"] == run["steps_to_target"]
+
+
+def test_compared_says_what_outcomes_compare_decides_and_records_it(tmp_path, monkeypatch):
+    import json
+
+    from utils.batch_size import compared
+    record = tmp_path / "v.jsonl"
+    monkeypatch.setenv("COURSE_VERDICTS", str(record))
+    apart = compared("large", [0.40, 0.42], "small", [0.55, 0.57], percent=True, words={"lower": "a gap"})
+    assert apart["conclusion"] == "lower" and apart["text"].endswith(": a gap") and "41.0%" in apart["text"]
+    close = compared("large", [0.50, 0.56], "small", [0.55, 0.57], percent=True, words={"lower": "a gap"})
+    assert close["conclusion"] == "within the spread" and "a gap" not in close["text"]
+    assert compared("a", [1.0], "b", [2.0])["conclusion"] == "not judged"
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [line["conclusion"] for line in lines] == ["lower", "within the spread", "not judged"]
+
+
+def test_best_of_counts_a_diverged_seed_and_names_a_winner_only_beyond_the_spread(tmp_path, monkeypatch):
+    from utils.batch_size import best_of
+    monkeypatch.setenv("COURSE_VERDICTS", str(tmp_path / "v.jsonl"))
+    clear = best_of({"sgd": [0.50, 0.52], "lars": [0.60, 0.61]}, what="test accuracy")
+    assert clear["leader"] == "lars" and "best test accuracy: lars" in clear["text"]
+    failed = best_of({"linear": [0.9, None], "sqrt": [0.7, 0.72]}, what="test accuracy")
+    assert failed["leader"] is None and "diverged on 1 of 2 seeds" in failed["text"]
+    assert failed["mean"]["linear"] == pytest.approx(0.45)

@@ -13,6 +13,9 @@
   separate it from the others (otherwise the difference is called noise).
 - ``paired_difference``: two settings run on the same seeds (a small and a large batch from the same
   start), their difference seed by seed, and whether every seed agrees on its sign.
+- ``compared`` and ``best_of``: the lab's printed verdicts, decided by ``utils.outcomes.compare`` and
+  ``utils.outcomes.best`` (mean against mean, beyond both seeds' spreads, recorded for the test suite's
+  own rules when ``COURSE_VERDICTS`` is set), with a sentence to print.
 """
 from __future__ import annotations
 
@@ -283,3 +286,65 @@ def paired_difference(a, b, *, fmt: str = ".3g") -> dict:
     else:
         text = f"{show(mean)} ({show(low)} to {show(high)}): the seeds disagree on the sign, within the noise"
     return dict(mean=mean, low=low, high=high, differences=differences, consistent=consistent, text=text)
+
+
+# --- Printed verdicts, decided by utils.outcomes -------------------------------------------------
+
+def compared(name_a: str, a, name_b: str, b, *, percent: bool = False, fmt: str = ".3g", margin: float = 0.0,
+             words: Mapping[str, str] | None = None) -> dict:
+    """``a`` against ``b`` (one number per seed each) by ``utils.outcomes.compare``, with a sentence to print.
+
+    The conclusion is outcomes.compare's: 'higher' or 'lower' only when the means differ by more than
+    both seeds' spreads (half the range) plus ``margin``, else 'within the spread' ('not judged' with one
+    seed each). ``words`` maps a conclusion to what it means in the lab's terms ("sharper", "no gap
+    beyond the spread"); the sentence gives both means, the spread and those words. Returns
+    ``{"conclusion", "mean_a", "mean_b", "spread", "text"}``.
+    """
+    from . import outcomes
+
+    a, b = [float(v) for v in a], [float(v) for v in b]
+    conclusion = outcomes.compare(name_a, a, name_b, b, margin=margin, percent=percent)
+    (ma, sa), (mb, sb) = outcomes.mean_spread(a), outcomes.mean_spread(b)
+    show = (lambda v: f"{v:.1%}") if percent else (lambda v: format(v, fmt))  # noqa: E731
+    spread = sa + sb + margin
+    said = {"not judged": "one seed each, not judged", "within the spread": f"within the seeds' spread (+-{show(spread)})",
+            "higher": f"higher, beyond the seeds' spread (+-{show(spread)})",
+            "lower": f"lower, beyond the seeds' spread (+-{show(spread)})"}[conclusion]
+    text = f"{name_a} {show(ma)} against {name_b} {show(mb)}: {said}"
+    if words and conclusion in words:
+        text += f": {words[conclusion]}"
+    return dict(conclusion=conclusion, mean_a=ma, mean_b=mb, spread=spread, text=text)
+
+
+def best_of(scores: Mapping[str, list], *, what: str, fmt: str = ".1%", higher_is_better: bool = True,
+            failed_as: float | None = 0.0) -> dict:
+    """The best of several settings over seeds, named by ``utils.outcomes.best``; a listing and its sentence.
+
+    ``scores[name]`` holds one number per seed; None or nan (a diverged run) counts as ``failed_as``
+    (0 accuracy by default) and is named in the listing. Returns ``{"leader", "text", "mean"}``:
+    ``leader`` is outcomes.best's winner, None when the best mean is within the seeds' spread of the
+    runner-up (or there is one seed).
+    """
+    from . import outcomes
+
+    if not scores:
+        raise ValueError("no settings to compare")
+    filled, failed = {}, {}
+    for name, values in scores.items():
+        values = list(values)
+        failed[name] = len(values) - len(_finite(values))
+        filled[name] = [float(v) if v is not None and math.isfinite(float(v)) else failed_as for v in values]
+        if None in filled[name]:
+            raise ValueError(f"{name!r} has a failed seed and failed_as is None")
+    winner, sentence = outcomes.best(filled, higher_is_better=higher_is_better, what=what)
+    mean = {name: sum(v) / len(v) for name, v in filled.items()}
+    sign = 1 if higher_is_better else -1
+
+    def show(name):
+        v = filled[name]
+        spread = f" ({format(min(v), fmt)} to {format(max(v), fmt)})" if len(v) > 1 else ""
+        return f"{name} {format(mean[name], fmt)}{spread}" + (
+            f", diverged on {failed[name]} of {len(v)} seeds (counted as {format(failed_as, fmt)})" if failed[name] else "")
+
+    listing = "; ".join(show(name) for name in sorted(filled, key=lambda k: -sign * mean[k]))
+    return dict(leader=winner, mean=mean, text=f"{sentence} ({listing})")
