@@ -67,7 +67,8 @@ def close_figures():
 @pytest.fixture
 def course_env(monkeypatch):
     """Clear the COURSE_* settings so a test starts from the defaults."""
-    for name in ("COURSE_QUICK", "COURSE_DEVICE", "COURSE_DATA_DIR", "COURSE_DATASET", "COURSE_DOWNLOAD"):
+    for name in ("COURSE_QUICK", "COURSE_DEVICE", "COURSE_DATA_DIR", "COURSE_DATASET", "COURSE_DOWNLOAD", "COURSE_CORES",
+                 "COURSE_VERDICTS"):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 

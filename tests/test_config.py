@@ -91,3 +91,22 @@ def test_mps_absent_names_fix(course_env):
 def test_describe_device_cpu():
     text = config.describe_device(torch.device("cpu"))
     assert text.startswith("cpu (") and f"{torch.get_num_threads()} threads" in text
+
+
+def test_cores_default_is_what_this_process_may_use(course_env):
+    import os
+    assert config.cores() == len(os.sched_getaffinity(0)) == config.real_cores()
+    assert not config.oversubscribed()
+
+
+def test_cores_from_env_plans_a_learners_machine(course_env):
+    course_env.setenv("COURSE_CORES", "8")
+    assert config.cores() == 8
+    assert config.oversubscribed() == (config.real_cores() < 8)
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "eight", "2.5"])
+def test_bad_cores_says_what_to_give(course_env, value):
+    course_env.setenv("COURSE_CORES", value)
+    with pytest.raises(ValueError, match="whole number of cores"):
+        config.cores()
