@@ -171,6 +171,13 @@ def psgd_variant(model, x, y, comm, average, steps, batch_size, lr, sync_every, 
 
     from utils import parallel_sgd as ps
     rank, size = comm.Get_rank(), comm.Get_size()
+    if mistake == "world rank":                            # the world's, not the communicator's
+        rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    if mistake == "dist rank":
+        import torch.distributed as d
+        rank, size = d.get_rank(), d.get_world_size()
+    if mistake == "engine rank":                           # the names utils.cluster sets on each engine
+        rank, size = globals()["rank"], globals()["world_size"]
     if mistake == "fails on rank 1" and MPI.COMM_WORLD.Get_rank() == 1:
         raise ValueError("only on rank 1")
     own_seed = {"seed per rank": seed + rank, "seed left out": 0}.get(mistake, seed)
@@ -204,6 +211,17 @@ def psgd_variant(model, x, y, comm, average, steps, batch_size, lr, sync_every, 
             optimizer.step()
             continue
         optimizer.step()
+        if mistake == "barrier every step":
+            comm.Barrier()
+        if mistake == "Ibarrier every step":
+            comm.Ibarrier().Wait()
+        if mistake == "world barrier":
+            MPI.COMM_WORLD.Barrier()
+        if mistake == "dist barrier":
+            import torch.distributed as d
+            d.barrier()
+        if mistake == "loss all-reduced":                  # a mean loss for a progress line
+            comm.Allreduce(MPI.IN_PLACE, t.ones(1).numpy(), op=MPI.SUM)
         if due:
             average(model, comm)
     if mistake == "again after the loop":                  # twice after the last step when K divides the steps
@@ -240,6 +258,15 @@ def test_psgd_right_passes(mpi_workers):
     ("two batches a step", "step 2 took samples"),           # the message named step 1, whose samples were right
     ("again after the loop", "you averaged more than once after step(s) [3]"),   # it said "off by one"
     ("K = 1 as gradients", "called comm.Allreduce on the gradients"),            # sync_every = 1 was never run
+    # found by testers: each passed (the communication was not counted) or named another mistake
+    ("barrier every step", "your loop called comm.Barrier 7 time(s) in 7 steps: parallel SGD"),
+    ("Ibarrier every step", "your loop called comm.Ibarrier 7 time(s)"),
+    ("world barrier", "your loop called MPI.COMM_WORLD.Barrier 7 time(s)"),
+    ("dist barrier", "your loop called torch.distributed.barrier 7 time(s)"),
+    ("loss all-reduced", "your loop called comm.Allreduce 7 time(s) in 7 steps itself"),
+    ("world rank", "took this worker's rank and size from MPI.COMM_WORLD"),
+    ("dist rank", "took this worker's rank and size from torch.distributed"),
+    ("engine rank", "took this worker's rank and size from the world"),
 ])
 def test_psgd_mistakes(mpi_workers, mistake, message):
     assert message in fails(lambda fn: lab08.check_psgd(mpi_workers, fn), psgd_with(mistake), Incorrect)

@@ -217,9 +217,11 @@ def _indexed_problem(n: int, features: int, classes: int, seed: int):
 
 
 def _address(buffer):
-    """Where an mpi4py buffer argument (an array, or [array, datatype]) lives in memory; None if unknown."""
+    """Where an mpi4py buffer argument (an array, or [array, datatype]) or a tensor lives in memory; None if unknown."""
     import numpy as np
 
+    if isinstance(buffer, torch.Tensor):
+        return buffer.data_ptr()
     if isinstance(buffer, (list, tuple)) and buffer:
         buffer = buffer[0]
     try:
@@ -228,13 +230,30 @@ def _address(buffer):
         return None
 
 
-_COLLECTIVES = ("Allreduce", "Iallreduce", "Reduce", "Ireduce", "Bcast", "Ibcast", "Allgather", "Reduce_scatter",
-                "Reduce_scatter_block") + _PICKLING
+# mpi4py communicator methods that communicate nothing: every other method is recorded
+_LOCAL = {"Abort", "Ack_failed", "Attach_buffer", "Call_errhandler", "Cart_map", "Compare", "Create_errhandler",
+          "Create_keyval", "Delete_attr", "Detach_buffer", "Free", "Free_keyval", "Get_failed", "Get_parent",
+          "Graph_map", "f2py", "free", "fromhandle", "fromint", "py2f", "toint"}
+_QUERIES = ("Get_rank", "Get_size")
 
 
-def _recording(comm, calls: list, gradients):
-    """``comm`` itself, with every collective the learner's loop calls on it recorded as (name, whether
-    one of its buffers is a gradient's memory: ``gradients()`` gives their addresses at that moment)."""
+def _communicating(cls) -> list[str]:
+    import inspect
+
+    names = []
+    for name in dir(cls):
+        found = inspect.getattr_static(cls, name)
+        if name.startswith(("_", "Get_", "Set_", "Is_")) or name in _LOCAL or not callable(found) \
+                or isinstance(found, (classmethod, staticmethod)):
+            continue
+        names.append(name)
+    return names
+
+
+def _recording(comm, calls: list, gradients, label: str = "comm", asked: list | None = None):
+    """``comm`` itself, with every communicating method the learner's loop calls on it recorded as
+    (label.name, whether one of its buffers is a gradient's memory: ``gradients()`` gives their
+    addresses at that moment); with ``asked``, its rank and size queries are recorded there too."""
     from mpi4py import MPI
 
     class Recorded(MPI.Intracomm):
@@ -243,14 +262,87 @@ def _recording(comm, calls: list, gradients):
     def recording(name):
         def call(self, *args, **kwargs):
             addresses = {_address(a) for a in list(args) + list(kwargs.values())}
-            calls.append((name, bool(addresses & gradients())))
+            calls.append((f"{label}.{name}", bool(addresses & gradients())))
             return getattr(MPI.Intracomm, name)(self, *args, **kwargs)
         return call
 
-    for name in _COLLECTIVES:
-        if hasattr(MPI.Intracomm, name):
-            setattr(Recorded, name, recording(name))
+    def asking(name):
+        def call(self, *args, **kwargs):
+            asked.append(label)
+            return getattr(MPI.Intracomm, name)(self, *args, **kwargs)
+        return call
+
+    for name in _communicating(MPI.Intracomm):
+        setattr(Recorded, name, recording(name))
+    if asked is not None:
+        for name in _QUERIES:
+            setattr(Recorded, name, asking(name))
+        Recorded.rank = property(lambda self: self.Get_rank())
+        Recorded.size = property(lambda self: self.Get_size())
     return Recorded(comm)
+
+
+def _dist_recorders(calls: list, gradients, asked: list) -> dict:
+    """torch.distributed's communicating functions, and its rank and size queries, recorded."""
+    import torch.distributed as dist
+
+    from .engines import _COMMUNICATION
+
+    def recording(name, original):
+        def call(*args, **kwargs):
+            addresses = {_address(a) for a in list(args) + list(kwargs.values())}
+            calls.append((f"torch.distributed.{name}", bool(addresses & gradients())))
+            return original(*args, **kwargs)
+        return call
+
+    def asking(original):
+        def call(*args, **kwargs):
+            asked.append("torch.distributed")
+            return original(*args, **kwargs)
+        return call
+
+    wrapped = {name: recording(name, getattr(dist, name)) for name in _COMMUNICATION if hasattr(dist, name)}
+    wrapped.update({name: asking(getattr(dist, name)) for name in ("get_rank", "get_world_size")})
+    return wrapped
+
+
+def _batches_of(n: int, rank: int, size: int, batch_size: int, seed: int, steps: int):
+    """The first ``steps`` batches of worker_batches(n, rank, size, ...), None where it refuses them."""
+    from utils import parallel_sgd
+
+    try:
+        batches = parallel_sgd.worker_batches(n, rank, size, batch_size, seed)
+        return [next(batches).tolist() for _ in range(steps)]
+    except ValueError:
+        return None
+
+
+def _communication_message(calls: list, steps: int) -> str:
+    """What the loop's own communication (none is wanted) says, worst first."""
+    on_gradient = [name for name, gradient in calls if gradient]
+    if on_gradient:
+        return (f"your loop called {on_gradient[0]} on the gradients: that is synchronous SGD's all-reduce of "
+                f"gradients. Parallel SGD averages the weights: every worker takes its own optimizer steps, and "
+                f"after every sync_every-th step and the last, average(model, comm) averages the model itself")
+    name = calls[0][0]
+    count = sum(1 for called, _ in calls if called == name)
+    times = f"{count} time(s) in {steps} steps"
+    if name.startswith("MPI.COMM_WORLD"):
+        return (f"your loop called {name} {times}: MPI.COMM_WORLD holds every engine, not only your workers. Use "
+                f"only the comm you were given, and communicate only through average(model, comm)")
+    if "arrier" in name:
+        return (f"your loop called {name} {times}: parallel SGD's workers communicate only in average(model, "
+                f"comm), and each average already waits for every worker; a barrier between averages makes every "
+                f"step wait for the slowest worker, which is what averaging rarely saves. Remove it")
+    return (f"your loop called {name} {times} itself: parallel SGD's only communication is average(model, comm), "
+            f"after every sync_every-th step and the last; any other collective (a loss for a progress line, a "
+            f"second average written out) is extra communication. Remove it")
+
+
+def _world_message(where: str, asked: list) -> str:
+    source = asked[0] if asked else "the world (MPI.COMM_WORLD, torch.distributed, or the engine's rank and world_size)"
+    return (f"{where}: you took this worker's rank and size from {source}, not from the communicator you were "
+            f"given: on a sub-communicator they differ. Use comm.Get_rank() and comm.Get_size()")
 
 
 def _wanted_averages(steps: int, sync_every: int) -> list[int]:
@@ -316,6 +408,8 @@ def _psgd_job(psgd, n, steps, batch_size, lr, sync_every, seed, split):
 
     from utils import parallel_sgd
 
+    from .engines import replaced_in_dist
+
     world = MPI.COMM_WORLD
     rank, p = world.Get_rank(), world.Get_size()
     color = (lambda r: r % 2 if p >= 3 else r) if split else (lambda r: 0)
@@ -327,9 +421,9 @@ def _psgd_job(psgd, n, steps, batch_size, lr, sync_every, seed, split):
         x, y = _indexed_problem(n, 4, 3, seed)
         torch.manual_seed(seed)
         start = _Recorder(4, 3)
-        model, calls, averaged_at, wrong_comm = copy.deepcopy(start), [], [], []
-        recorded = _recording(comm, calls, lambda: {q.grad.data_ptr() for q in model.parameters()
-                                                    if q.grad is not None})
+        model, calls, averaged_at, wrong_comm, asked = copy.deepcopy(start), [], [], [], []
+        gradients = lambda: {q.grad.data_ptr() for q in model.parameters() if q.grad is not None}
+        recorded = _recording(comm, calls, gradients)
 
         def average(m, c):          # never raises: the other ranks would wait in their average
             if m is not model or not (c is recorded or c == comm):
@@ -337,7 +431,17 @@ def _psgd_job(psgd, n, steps, batch_size, lr, sync_every, seed, split):
             averaged_at.append(len(model.batches))
             _average_timed(m, comm, f"{where}, the average after step {len(model.batches)}")
 
-        psgd(model, x, y, recorded, average, steps, batch_size, lr, sync_every, seed)
+        # MPI.COMM_WORLD and torch.distributed, recorded too while the loop runs
+        MPI.COMM_WORLD = _recording(world, calls, gradients, "MPI.COMM_WORLD", asked)
+        try:
+            with replaced_in_dist(_dist_recorders(calls, gradients, asked)):
+                psgd(model, x, y, recorded, average, steps, batch_size, lr, sync_every, seed)
+        except Exception as error:
+            if split and asked:
+                raise Wrong(_world_message(where, asked)) from error
+            raise
+        finally:
+            MPI.COMM_WORLD = world
 
         # The references, every rank in the same order (they are collectives), before any verdict.
         references = {}
@@ -352,19 +456,19 @@ def _psgd_job(psgd, n, steps, batch_size, lr, sync_every, seed, split):
         if wrong_comm:
             raise Wrong(f"{where}: call average(model, comm) with the model you train and the comm your function "
                         f"received, not another model or communicator")
-        if any(on_gradient for _, on_gradient in calls):
-            name = next(name for name, on_gradient in calls if on_gradient)
-            raise Wrong(f"{where}: your loop called comm.{name} on the gradients: that is synchronous SGD's "
-                        f"all-reduce of gradients. Parallel SGD averages the weights: every worker takes its own "
-                        f"optimizer steps, and after every sync_every-th step and the last, average(model, comm) "
-                        f"averages the model itself")
         if calls:
-            raise Wrong(f"{where}: your loop called comm.{calls[0][0]} itself: average the weights only through "
-                        f"average(model, comm), the function you are given (your average_weights in the lab)")
+            raise Wrong(f"{where}: {_communication_message(calls, steps)}")
         shards = parallel_sgd.shard_indices(n, size, seed)
         mine, seen = set(shards[me].tolist()), {i for batch in model.batches for i in batch}
+        taken = len(model.batches)
+        off = taken > 0 and model.batches != _batches_of(n, me, size, batch_size, seed, taken)
+        as_world = off and ((split and bool(asked)) or any(model.batches == _batches_of(n, r, s, batch_size, seed, taken)
+                                               for r, s in ((rank, p), (me, p))))
         _waited(comm.Ibarrier(), f"{where}, after your loop")
-        everyone = comm.allgather(seen)         # every rank is here: no wait
+        gathered = comm.allgather((seen, as_world))         # every rank is here: no wait
+        everyone = [theirs for theirs, _ in gathered]
+        if any(world_like for _, world_like in gathered):    # the same verdict on every rank
+            raise Wrong(_world_message(where, asked))
         within = lambda r, partition_seed: everyone[r] <= set(parallel_sgd.shard_indices(n, size, partition_seed)[r].tolist())
         for r in range(size):             # every rank gives the same verdict on worker r
             if within(r, seed):
