@@ -54,20 +54,68 @@ def _scaling_job(rank, world_size):
     from utils.models import CNN
 
     timings = scaling.time_scaling(lambda: CNN((1, 12, 12), channels=(2, 4), hidden=8), (1, 12, 12), 10,
-                                   {"strong": lambda k: 12 // k, "weak": lambda k: 4}, torch.device("cpu"),
-                                   warmup=1, repeats=2)
+                                   {"strong": lambda k: 12 // k, "weak": lambda k: 12 if k == 1 else 4},
+                                   torch.device("cpu"), warmup=1, repeats=2)
     return {f"{label}/{k}": value for (label, k), value in timings.items()}
 
 
-def test_time_scaling_times_every_k_on_the_ranks_that_take_part():
+def test_time_scaling_times_every_k_on_the_ranks_that_take_part_and_k1_once():
     per_rank = run_ranks(_scaling_job, 3, deadline_s=120)
-    # rank r takes part in k = r+1 .. 3; every entry has both times and the asked-for batch
+    # rank r takes part in k = r+1 .. 3; every entry has both times, each step's and the asked-for batch
     for rank, timings in enumerate(per_rank):
         assert sorted(timings) == sorted(f"{label}/{k}" for label in ("strong", "weak") for k in range(rank + 1, 4))
         for key, value in timings.items():
             label, k = key.split("/")
-            assert value["per_rank"] == (12 // int(k) if label == "strong" else 4)
+            assert value["per_rank"] == (12 // int(k) if label == "strong" or k == "1" else 4)
             assert value["ddp"] > 0 and value["compute"] > 0
+            assert len(value["ddp_steps"]) == len(value["compute_steps"]) == 2
+    # at k = 1 strong and weak scaling run the same step (12 samples): timed once, shared by both series
+    one = per_rank[0]
+    assert one["weak/1"]["same_run_as"] == "strong" and "same_run_as" not in one["strong/1"]
+    assert one["weak/1"]["ddp_steps"] == one["strong/1"]["ddp_steps"]
+    assert one["weak/2"]["ddp_steps"] != one["strong/2"]["ddp_steps"] and "same_run_as" not in one["weak/2"]
+
+
+def _chosen_ks_job(rank, world_size):
+    timings = scaling.time_scaling(lambda: torch.nn.Linear(3, 2), (3,), 2, {"weak": lambda k: 2}, "cpu",
+                                   warmup=0, repeats=1, ks=[1, 3])
+    return sorted(k for _, k in timings)
+
+
+def test_time_scaling_times_only_the_ks_asked_for():
+    assert run_ranks(_chosen_ks_job, 3, deadline_s=120) == [[1, 3], [3], [3]]
+
+
+def test_worker_counts_follow_the_cores_up_to_eight_dividing_the_global_batch():
+    assert scaling.worker_counts(1) == [1]
+    assert scaling.worker_counts(2) == [1, 2]
+    assert scaling.worker_counts(6) == [1, 2, 4]
+    assert scaling.worker_counts(8) == scaling.worker_counts(64) == [1, 2, 4, 8]
+    assert scaling.worker_counts(16, global_batch=48, most=16) == [1, 2, 3, 4, 6, 8, 12, 16]
+
+
+def test_predicted_step_is_compute_plus_the_buckets_all_reduce():
+    sizes, alpha, beta = [2 ** 20, 400], 1e-5, 1e-9
+    comm = 1e3 * scaling.predicted_comm_seconds(sizes, 4, alpha, beta)
+    assert scaling.predicted_step_ms(8.0, 4, sizes, alpha, beta, strong=False) == pytest.approx(8.0 + comm)
+    assert scaling.predicted_step_ms(8.0, 4, sizes, alpha, beta, strong=True) == pytest.approx(2.0 + comm)
+    assert scaling.predicted_step_ms(8.0, 1, sizes, alpha, beta, strong=True) == 8.0
+
+
+def test_speedup_verdict_prints_an_efficiency_only_below_100_percent_beyond_the_spread(tmp_path, monkeypatch):
+    from verdict_rules import contradictions, verdicts
+
+    record = tmp_path / "v.jsonl"
+    monkeypatch.setenv("COURSE_VERDICTS", str(record))
+    one = [100.0, 102.0, 98.0]
+    below = scaling.speedup_verdict("CNN, weak", 2, one, [150.0, 152.0, 148.0])
+    above = scaling.speedup_verdict("CNN, strong", 2, one, [260.0, 262.0, 258.0])     # 130%: contention at k = 1
+    close = scaling.speedup_verdict("CNN, weak", 2, one, [195.0, 205.0, 199.0])
+    assert "efficiency 75%" in below
+    assert "not a speed-up" in above and "130%" not in above and "efficiency 1" not in above
+    assert "not told apart from 100%" in close and "efficiency " not in close.replace("no efficiency", "")
+    assert [v["conclusion"] for v in verdicts(record)] == ["lower", "higher", "within the spread"]
+    assert not contradictions(record)
 
 
 def _shared_routine_job(rank, world_size):
@@ -162,15 +210,52 @@ def test_slowest_steps_takes_each_steps_slowest_rank():
                 {("weak", 2): {"ddp": 6.0, "compute": 3.5, "per_rank": 8}}]
     assert scaling.slowest_steps(per_rank) == {("weak", 1): {"ddp": 5.0, "compute": 4.0},
                                                ("weak", 2): {"ddp": 7.0, "compute": 3.5}}
+    # each timed step (started together at a barrier) ends with its slowest rank
+    per_rank[0][("weak", 2)].update(ddp_steps=[7.0, 1.0], compute_steps=[3.0, 0.5])
+    per_rank[1][("weak", 2)].update(ddp_steps=[2.0, 6.0], compute_steps=[1.0, 3.5])
+    assert scaling.slowest_steps(per_rank)[("weak", 2)] == {"ddp": 7.0, "compute": 3.5, "ddp_steps": [7.0, 6.0],
+                                                            "compute_steps": [3.0, 3.5]}
 
 
-def test_plot_scaling_draws_throughput_efficiency_and_each_models_communication():
+def test_plot_scaling_draws_measured_and_predicted_throughput_and_each_models_communication():
     import matplotlib
     matplotlib.use("Agg")
-    fig = scaling.plot_scaling([1, 2], {"CNN, weak": [100.0, 150.0]},
+    fig = scaling.plot_scaling([1, 2], {"CNN, weak": [100.0, 150.0]}, {"CNN, weak": [100.0, 190.0]},
                                {"CNN": ([0.0, 2.0], [0.0, 1.0]), "wide": ([0.0, 9.0], [0.0, 8.0])}, "title")
-    assert len(fig.axes) == 4
-    assert [line.get_ydata()[1] for line in fig.axes[1].lines if len(line.get_ydata()) == 2][0] == 0.75
+    assert len(fig.axes) == 3
+    assert [list(line.get_ydata()) for line in fig.axes[0].lines] == [[100.0, 150.0], [100.0, 190.0]]
+
+
+def _record(alpha=1e-5, beta=1e-9):
+    def entry(per_rank, ddp, compute):
+        return dict(per_rank=per_rank, ddp_steps=ddp, compute_steps=compute)
+
+    one = dict(grad_bytes=[4000, 400], strong=entry(64, [10.0, 10.0, 12.0], [9.0, 9.0, 9.0]),
+               weak=entry(64, [10.0, 10.0, 12.0], [9.0, 9.0, 9.0]))
+    two = dict(grad_bytes=[4000, 400], strong=entry(32, [8.0, 8.0, 8.0], [5.0, 5.0, 5.0]),
+               weak=entry(64, [16.0, 16.0, 16.0], [10.0, 10.0, 10.0]))
+    return dict(machine=dict(cpu="test cpu", cores=2, torch="t"), date="2026-11-28", file="lab06_scaling_2core.json",
+                complete=True, runs=[dict(workers=2, alpha=alpha, beta=beta, load_average=[1.5, 1, 1], models={"CNN": two}),
+                                     dict(workers=1, alpha=None, beta=None, load_average=[0.5, 1, 1], models={"CNN": one})])
+
+
+def test_recorded_curves_put_measured_throughput_beside_the_model_from_one_workers_computation():
+    ks, throughput, predicted, communication = scaling.recorded_curves(_record())
+    assert ks == [1, 2]
+    assert throughput["CNN, weak"] == pytest.approx([6400.0, 8000.0]) and throughput["CNN, strong"] == pytest.approx([6400.0, 8000.0])
+    comm = 1e3 * scaling.predicted_comm_seconds([4000, 400], 2, 1e-5, 1e-9)
+    assert predicted["CNN, weak"] == pytest.approx([64e3 / 9.0, 128e3 / (9.0 + comm)])
+    assert predicted["CNN, strong"] == pytest.approx([64e3 / 9.0, 64e3 / (4.5 + comm)])
+    assert communication["CNN"] == ([1.0, 6.0], [0.0, pytest.approx(comm)])
+    assert "test cpu, 2 cores" in scaling.describe_record(_record()) and "load average 0.5-1.5" in scaling.describe_record(_record())
+
+
+def test_recorded_runs_are_read_fewest_cores_first(tmp_path):
+    for cores in (16, 2):
+        (tmp_path / f"lab06_scaling_{cores}core.json").write_text(json.dumps(dict(_record(), machine=dict(cpu="c", cores=cores, torch="t"))))
+    (tmp_path / "lab08_psgd_x.json").write_text("{}")
+    assert [(r["machine"]["cores"], r["file"]) for r in scaling.recorded_runs(tmp_path)] == \
+        [(2, "lab06_scaling_2core.json"), (16, "lab06_scaling_16core.json")]
 
 
 def _recorded_run(dataset):
