@@ -5,6 +5,15 @@ A lab marks each cell whose figure its deck shows with cell metadata ``{"course"
 mode, calls ``record``: the image each marked cell drew becomes ``results/figures/labNN_NAME.png``, and
 ``results/lab_figures.json`` notes the machine, the date and what the cell printed, so the deck's notes
 can quote the same run. ``slides/build.py`` copies the images beside the decks.
+
+One figure is drawn from a benchmark's recording instead (its cell's metadata also says
+``"recorded_by"``, and a full-mode run of the lab leaves it alone): lab 06's scaling figure, measured by
+``benchmarks/bench_lab06_scaling.py`` with a core per worker, beside the compute + alpha-beta model's
+prediction, with the machine and its load named:
+
+    .venv/bin/python benchmarks/lab_figures.py --lab06-scaling [benchmarks/results/lab06_scaling_16core.json]
+
+(default: the recorded file with the most cores).
 """
 from __future__ import annotations
 
@@ -41,6 +50,8 @@ def record(nb, notebook: str, machine: str, date: str, results: Path = RESULTS) 
     index = json.loads(index_path.read_text()) if index_path.exists() else {}
     written = []
     for name, cell in marked(nb).items():
+        if cell.get("metadata", {}).get("course", {}).get("recorded_by"):
+            continue                                        # drawn from a benchmark's file: draw_lab06_scaling
         images = [out["data"]["image/png"] for out in cell.get("outputs", []) if "image/png" in out.get("data", {})]
         if not images:
             raise SystemExit(f"{notebook}: the cell marked as figure {name!r} drew no image in this run")
@@ -54,3 +65,42 @@ def record(nb, notebook: str, machine: str, date: str, results: Path = RESULTS) 
         written.append(target)
     index_path.write_text(json.dumps(dict(sorted(index.items())), indent=2) + "\n")
     return written
+
+
+def draw_lab06_scaling(path: Path | None = None, results: Path = RESULTS) -> Path:
+    """Deck 06's scaling figure from a bench_lab06_scaling recording (default: the one with the most
+    cores), drawn as lab 06's recorded-runs cell draws it, and indexed with that machine and its load."""
+    import sys
+
+    import matplotlib
+    matplotlib.use("Agg")
+    sys.path.insert(0, str(results.parent.parent))
+    from utils import scaling
+
+    records = [dict(json.loads(path.read_text()), file=path.name)] if path else scaling.recorded_runs(results)
+    if not records:
+        raise SystemExit("no benchmarks/results/lab06_scaling_*.json: run benchmarks/bench_lab06_scaling.py first")
+    record = records[-1]
+    target = results / "figures" / file_name("06_realistic_model.ipynb", "scaling")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scaling.plot_recorded(record).savefig(target, dpi=100)
+    ks, throughput, predicted, _ = scaling.recorded_curves(record)
+    printed = "\n".join(f"{label}: " + ", ".join(f"k={k} {m:,.0f} (predicted {q:,.0f})" for k, m, q in
+                                                zip(ks, throughput[label], predicted[label])) + " images/s"
+                        for label in throughput)
+    index_path = results / "lab_figures.json"
+    index = json.loads(index_path.read_text()) if index_path.exists() else {}
+    index[target.name] = dict(notebook="06_realistic_model.ipynb", figure="scaling", mode=f"recorded: {record['file']}",
+                              machine=scaling.describe_record(record, date=False), date=record["date"], printed=printed)
+    index_path.write_text(json.dumps(dict(sorted(index.items())), indent=2) + "\n")
+    return target
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Draw the figures that come from a benchmark's recording.")
+    parser.add_argument("--lab06-scaling", nargs="?", const="", metavar="FILE", required=True,
+                        help="deck 06's scaling figure from this bench_lab06_scaling file (default: most cores)")
+    args = parser.parse_args()
+    print(f"wrote {draw_lab06_scaling(Path(args.lab06_scaling) if args.lab06_scaling else None)}")
