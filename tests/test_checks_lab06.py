@@ -239,6 +239,25 @@ BUCKET_MISTAKES = {
     "the sizes reversed in place": ([("    for nbytes in reversed(param_bytes):", "    param_bytes.reverse()\n"
                                       "    for nbytes in param_bytes:")],
                                     "your function changed the list of sizes it was given"),
+    # found by testers: each passed every fixed case, and the random cases caught them only sometimes
+    "a gradient larger than the limit given a bucket of its own": (
+        [(CLOSE, "        if nbytes >= limits[min(len(buckets), 1)]:\n            buckets += [size, nbytes] if size else [nbytes]\n"
+                 "            size = 0\n            continue\n" + CLOSE)],
+        "a gradient at least as large as the limit got a bucket of its own"),
+    "the default's later buckets counted in MB": ([(DEFAULT, "limits = (2 ** 20, 25 * 10 ** 6)")],
+                                                  "your later buckets' limit with the default cap is 25 MB"),
+    # more a learner would plausibly write: one unit read wrong, the first assignment DDP makes, a flat buffer cut
+    "the default's first bucket counted in MB": ([(DEFAULT, "limits = (10 ** 6, 25 * 2 ** 20)")],
+                                                 "your first bucket's limit with the default cap is 1 MB"),
+    "a cap given counted in MB": ([(EXPLICIT, "limits = (int(bucket_cap_mb * 10 ** 6),) * 2")],
+                                  "your limit for a bucket_cap_mb given counts MB"),
+    "DDP's first assignment, kept": ([("reversed(param_bytes)", "param_bytes"),
+                                      (RETURN, "return (buckets + ([size] if size else []))[::-1]")],
+                                     "your buckets are DDP's assignment at construction"),
+    "gradients cut at the limit": ([(CLOSE, "        size += nbytes\n        while size >= limits[min(len(buckets), 1)]:\n"
+                                            "            size -= limits[min(len(buckets), 1)]\n"
+                                            "            buckets.append(limits[min(len(buckets), 1)])\n")],
+                                   "your buckets are cut at exactly their limit"),
 }
 
 

@@ -10,8 +10,10 @@ single-process script has it. Each typical mistake gets its own message.
 ``check_buckets(ddp_bucket_bytes)`` compares the learner's buckets with those a real
 ``DistributedDataParallel`` all-reduces for parameters of the same sizes (``recorded_buckets``: a comm
 hook on a one-rank gloo group of its own), on fixed cases that tell the typical misreadings of torch's
-rule apart (MB for MiB, a default cap for an explicit one, the first bucket's limit, ``>`` for ``>=``,
-the order of the parameters and of the buckets, a cap rounded to whole MiB), each with its own message,
+rule apart (MB for MiB in any of the three limits, a default cap for an explicit one, the first bucket's
+limit, ``>`` for ``>=``, a gradient larger than the limit given a bucket of its own or cut, the order of the
+parameters and of the buckets, DDP's assignment at construction, a cap rounded to whole MiB), each with its
+own message,
 then on random sizes (one case with the default cap, one with a cap given), which answers written in for
 the fixed cases do not pass. A function that asks the check's own code, builds a DDP, changes the
 check's module or the list it is given fails with its own message.
@@ -61,8 +63,9 @@ torch/nn/parallel/distributed.py):
    explicitly is the limit of every bucket, the first one's too. A MiB is 2**20 bytes, and a cap may be
    a fraction of a MiB: turn it into bytes before rounding.
 2. The order. Backward produces the last parameter's gradient first, so walk param_bytes from its end.
-3. Add each size to the open bucket; once the bucket holds at least its limit (the first bucket's limit
-   while no bucket is closed yet, the later buckets' after), note its size and open a new bucket.
+3. Add each size to the open bucket, whatever its size (a gradient is never split, nor set apart for
+   being large); once the bucket holds at least its limit (the first bucket's limit while no bucket is
+   closed yet, the later buckets' after), note its size and open a new bucket.
 4. At the end, a bucket that is not empty is the last one. Return the sizes in the order you noted
    them: that is the order DDP all-reduces them.""",
 }
@@ -87,7 +90,13 @@ _diagnose_run = JOB_CHECK._diagnose_run
 #
 # The rule is torch's, read in torch/nn/parallel/distributed.py (torch 2.14): _BucketCapacityConfig.create
 # gives the first bucket dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB) only when bucket_cap_mb is None (the
-# default), and the cap itself when bucket_cap_mb is given; _MB_TO_BYTES is 1024 * 1024. The check does
+# default), and the cap itself when bucket_cap_mb is given; _MB_TO_BYTES is 1024 * 1024. The assignment is
+# C++ (dist._compute_bucket_assignment_by_size, called directly): each tensor is added to the open bucket of
+# its dtype and device, which closes once it holds at least its limit (a tensor above the limit joins the
+# open bucket), and the limits go first bucket's, then the cap's, per dtype and device. After the first
+# iteration the Reducer rebuilds the buckets in the order the gradients arrived (without that rebuild, as
+# with find_unused_parameters=True, they stay filled in parameters() order and listed reversed). The sizes
+# here are all float32 on one device, so the separation by dtype and device never shows. The check does
 # not trust that reading: the answers it compares with are the buckets a real DistributedDataParallel
 # makes, recorded by a comm hook.
 
@@ -167,24 +176,37 @@ def _recorded(param_bytes: tuple, bucket_cap_mb) -> tuple:
     return tuple(record)
 
 
-def _rule(param_bytes, bucket_cap_mb=None, *, unit=MiB, first="cap", order="backward", close="at least",
-          whole_mib=None, listed="in order", small_buckets=1, later_default=25):
+def _rule(param_bytes, bucket_cap_mb=None, *, unit=MiB, first_unit=None, later_unit=None, cap_unit=None,
+          first="cap", order="backward", close="at least", big="joins", whole_mib=None, listed="in order",
+          small_buckets=1, later_default=25):
     """Buckets by the rule torch applies, or by a typical misreading of it (the keywords), used only to
-    name a wrong answer's mistake; what is right is what ``recorded_buckets`` records."""
+    name a wrong answer's mistake; what is right is what ``recorded_buckets`` records. ``unit``: the bytes
+    of a MiB, for every limit, unless ``first_unit`` (the default's first bucket), ``later_unit`` (the
+    default's later buckets) or ``cap_unit`` (a cap given) say otherwise. ``big``: "joins" (torch: a gradient
+    at or above the limit joins the open bucket), "own bucket" (closes the open one and gets one of its
+    own) or "split" (cut at the limit, the rest carried over)."""
     _OWN_CALLS[0] += 1
     if bucket_cap_mb is None:
-        limits = ((25 if first == "25 MiB" else 1) * unit, later_default * unit)
+        limits = ((25 if first == "25 MiB" else 1) * (first_unit or unit), later_default * (later_unit or unit))
     else:
         cap = int(({"down": math.floor, "up": math.ceil}[whole_mib](bucket_cap_mb) if whole_mib else bucket_cap_mb)
-                  * unit)
+                  * (cap_unit or unit))
         limits = ({"cap": cap, "1 MiB": unit, "min": min(unit, cap), "25 MiB": cap}[first], cap)
     buckets, size = [], 0
     for nbytes in (reversed(param_bytes) if order == "backward" else param_bytes):
         limit = limits[0 if len(buckets) < small_buckets else 1]
+        if big == "own bucket" and nbytes >= limit:
+            buckets += [size, nbytes] if size else [nbytes]
+            size = 0
+            continue
         if close == "before overflow" and size and size + nbytes > limit:
             buckets.append(size)
             size = 0
         size += nbytes
+        while big == "split" and size >= limit:
+            buckets.append(limit)
+            size -= limit
+            limit = limits[0 if len(buckets) < small_buckets else 1]
         if size >= limit if close == "at least" else size > limit if close == "above" else False:
             buckets.append(size)
             size = 0
@@ -242,6 +264,28 @@ BUCKET_MISTAKES = [
      "with bucket_cap_mb left at its default, your later buckets are closed at 1 MiB too. Only the first "
      "bucket has the small limit (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES); every bucket after it has "
      "the default cap, 25 MiB (_DEFAULT_BUCKET_CAP_MB)."),
+    ("the default's first bucket counted in MB", dict(first_unit=10 ** 6),
+     "your first bucket's limit with the default cap is 1 MB, 10**6 bytes. DDP's small first bucket, "
+     "torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, is 1 MiB: 2**20 = 1,048,576 bytes."),
+    ("the default's later buckets counted in MB", dict(later_unit=10 ** 6),
+     "your later buckets' limit with the default cap is 25 MB, 25 * 10**6 bytes. DDP's default cap is 25 MiB "
+     "(_DEFAULT_BUCKET_CAP_MB * _MB_TO_BYTES in torch/nn/parallel/distributed.py): 26,214,400 bytes."),
+    ("a cap given counted in MB", dict(cap_unit=10 ** 6),
+     "your limit for a bucket_cap_mb given counts MB (10**6 bytes). DDP turns bucket_cap_mb into bytes with "
+     "_MB_TO_BYTES, 1024 * 1024: bucket_cap_mb=1 is 1,048,576 bytes."),
+    ("a gradient larger than the limit given a bucket of its own", dict(big="own bucket"),
+     "a gradient at least as large as the limit got a bucket of its own, the open bucket closed before it. "
+     "DDP has no such case: it adds that gradient to the open bucket like any other, and the bucket, now "
+     "at or above its limit, closes (dist._compute_bucket_assignment_by_size). Only when the open bucket is "
+     "empty is the large gradient alone."),
+    ("gradients cut at the limit", dict(big="split"),
+     "your buckets are cut at exactly their limit, a gradient split between two buckets. DDP never splits "
+     "a gradient: each whole gradient goes into one bucket, so a bucket is closed holding its limit or more."),
+    ("DDP's first assignment, kept", dict(order="forward", listed="reversed"),
+     "your buckets are DDP's assignment at construction (all it keeps with find_unused_parameters=True): "
+     "filled from model.parameters()' first parameter on, then listed last to first. With the "
+     "default settings DDP rebuilds its buckets after the first iteration in the order the gradients "
+     "arrived (Reducer's rebuild_buckets): the last parameters' gradients fill the first, small bucket."),
     ("the small limit for the second bucket too", dict(small_buckets=2),
      "your second bucket was also closed at the first bucket's limit of 1 MiB. Only the first bucket DDP "
      "fills has the small limit; from the second on, the limit is the cap, 25 MiB by default."),
@@ -261,11 +305,21 @@ BUCKET_CASES = [
     ("bucket_cap_mb=25 given", [4 * 300_000, 4 * 1_000_000, 4 * 200_000, 4 * 400_000], 25),
     # A cap below 1 MiB tells "1 MiB whatever the cap" from min(1 MiB, cap), and a fraction of a MiB.
     ("bucket_cap_mb=0.5, small gradients", [4 * 40_000, 4 * 60_000, 4 * 50_000, 4 * 70_000, 4 * 30_000], 0.5),
-    # A gradient larger than the cap goes into the bucket that it overflows.
-    ("bucket_cap_mb=2, a gradient larger than the cap", [4 * 20_000, 3 * MiB, 4 * 300_000, MiB, 4 * 200_000], 2),
+    # A gradient larger than the cap joins the open bucket (backward 800000 + 1 MiB + 1.2 MB closes a bucket,
+    # then 200000 + 3 MiB closes the next): no bucket of its own (200000, then 3 MiB alone), never cut at 2 MiB.
+    ("bucket_cap_mb=2, a gradient larger than the cap after a small one",
+     [80_000, 3 * MiB, 200_000, 1_200_000, MiB, 800_000], 2),
+    # The same with the default's first bucket: 100000 + 2 MiB is the first bucket, twice its 1 MiB limit.
+    ("default cap, a 2 MiB gradient after a small one", [300_000, 2 * MiB, 100_000], None),
+    # A cap of 1 MiB: 520000 + 500000 = 1,020,000 bytes is 1 MB or more but under 1 MiB, so the bucket stays
+    # open for the 40000 after; counted in MB it would close there.
+    ("bucket_cap_mb=1, a bucket between 1 MB and 1 MiB", [300_000, 40_000, 500_000, 520_000], 1),
     # Default cap, 3 MB after a first bucket of exactly 1 MiB: one bucket of 25 MiB's limit holds it all; 1 MiB
     # limits after the first would close it at 1.2 MB.
     ("default cap, 3 MB after the first bucket", [600_000] * 5 + [MiB], None),
+    # Default cap, 26,000,000 bytes after a first bucket of exactly 1 MiB: under 25 MiB (26,214,400), so one
+    # bucket; a later limit of 25 MB (25,000,000) would close it at 25,600,000, before the last 400000.
+    ("default cap, 26 MB after the first bucket", [400_000] + [6_400_000] * 4 + [MiB], None),
 ]
 RANDOM_CAPS = [0.25, 0.5, 0.75, 1, 1.5, 2]   # multiples of 1/8 MiB: whole bytes
 
