@@ -205,3 +205,46 @@ def test_mpi_average_over_two_ranks(tmp_path):
 def test_average_parameters_refuses_what_it_cannot_view_before_communicating():
     with pytest.raises(ValueError, match="float32 and float64"):
         psgd.average_parameters(nn.Linear(2, 2).half(), comm=None)   # comm is never touched
+
+
+def _measured_one_shot_job(rank, world_size):
+    """One-shot averaging evaluated every 4 steps: the average taken for measurement must not reach the workers."""
+    average = lambda m: psgd.average_parameters_torch(m)
+    x, y = _data()
+    model = _model()
+    history = psgd.local_sgd(model, x, y, steps=STEPS, batch_size=BATCH, lr=LR, sync_every=STEPS, average=average,
+                             rank=rank, world_size=world_size, seed=3, x_test=x[:20], y_test=y[:20], eval_every=4)
+    plain, _ = _run(STEPS, rank, world_size, average)
+    return _flat(model).numpy(), plain.numpy(), history
+
+
+def test_one_shot_is_measured_during_training_without_feeding_the_measurement_back():
+    for rank, (measured, plain, history) in enumerate(run_ranks(_measured_one_shot_job, WORLD)):
+        assert abs(measured - plain).max() < 1e-12, f"rank {rank}: the measurement's average changed the training"
+        assert history.eval_steps == [4, 8, 12] and history.n_averages == 1
+        assert len(history.eval_seconds) == 3 and history.eval_seconds[-1] <= history.wall_time
+
+
+def test_warmup_lr_ramps_linearly_from_lr_to_peak():
+    rates = [psgd.warmup_lr(step, 0.1, 0.4, 3) for step in range(1, 7)]
+    assert rates == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.4, 0.4])
+    assert psgd.warmup_lr(1, 0.1, 0.4, 0) == 0.4
+    with pytest.raises(ValueError):
+        psgd.warmup_lr(0, 0.1, 0.4, 3)
+
+
+def test_local_sgd_warmup_matches_a_hand_written_loop():
+    x, y = _data()
+    model = _model()
+    psgd.local_sgd(model, x, y, steps=STEPS, batch_size=BATCH, lr=LR, sync_every=1, average=lambda m: None,
+                   seed=3, peak_lr=3 * LR, warmup_steps=5)
+    reference = _model()
+    batches = psgd.worker_batches(N, 0, 1, BATCH, seed=3)
+    for step in range(1, STEPS + 1):
+        idx = next(batches)
+        reference.zero_grad()
+        F.cross_entropy(reference(x[idx]), y[idx]).backward()
+        with torch.no_grad():
+            for p in reference.parameters():
+                p -= psgd.warmup_lr(step, LR, 3 * LR, 5) * p.grad
+    assert (_flat(model) - _flat(reference)).abs().max() < 1e-12

@@ -25,6 +25,7 @@ are collectives: every rank of the communicator or group calls them, in the same
 """
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 
@@ -129,12 +130,25 @@ def worker_batches(n: int, rank: int, world_size: int, batch_size: int, seed: in
             yield order[start:start + batch_size]
 
 
+def warmup_lr(step: int, lr: float, peak_lr: float, warmup_steps: int) -> float:
+    """The learning rate of step ``step`` (counted from 1) under Goyal et al.'s (2017) gradual warm-up:
+    ``lr`` at step 1, rising linearly to ``peak_lr`` at step ``warmup_steps + 1``, then ``peak_lr``.
+    ``warmup_steps=0``: ``peak_lr`` from the first step. Lab 08 ramps synchronous SGD (K = 1) from the
+    one-worker rate to P times it, as lab 07 teaches."""
+    if warmup_steps < 0 or step < 1:
+        raise ValueError(f"need step >= 1 and warmup_steps >= 0, got step {step} and warmup_steps {warmup_steps}")
+    if warmup_steps == 0:
+        return peak_lr
+    return lr + (peak_lr - lr) * min(1.0, (step - 1) / warmup_steps)
+
+
 @dataclass
 class LocalSGDHistory:
     """What one worker saw. ``losses[i]``: its mini-batch loss at step i + 1; ``test_accuracy[j]``
-    measured right after the average at step ``eval_steps[j]``, after ``eval_seconds[j]`` of
-    training; times in seconds, ``wall_time`` without the evaluations (``eval_time``), so that
-    speed-ups and times to a target accuracy compare training alone."""
+    of the average of the workers' current weights after step ``eval_steps[j]``, after
+    ``eval_seconds[j]`` of training; times in seconds, ``wall_time`` without the evaluations
+    (``eval_time``, which includes the averages taken for measurement only), so that speed-ups and
+    times to a target accuracy compare training alone."""
     losses: list = field(default_factory=list)
     eval_steps: list = field(default_factory=list)
     eval_seconds: list = field(default_factory=list)
@@ -148,7 +162,8 @@ class LocalSGDHistory:
 
 def local_sgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int, batch_size: int, lr: float,
               sync_every: int, average, rank: int = 0, world_size: int = 1, seed: int = 0, shard: bool = True,
-              momentum: float = 0.0, x_test=None, y_test=None, eval_every: int = 1) -> LocalSGDHistory:
+              momentum: float = 0.0, x_test=None, y_test=None, eval_every: int = 1, peak_lr: float | None = None,
+              warmup_steps: int = 0) -> LocalSGDHistory:
     """Train ``model`` in place by local SGD on this worker; returns its ``LocalSGDHistory``.
 
     Runs ``steps`` SGD steps of ``batch_size`` samples of its shard of ``(x, y)`` (see
@@ -156,9 +171,15 @@ def local_sgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int,
     the last one, so every worker ends with the same averaged model: ``sync_every=1`` is
     synchronous SGD, ``sync_every=steps`` one-shot averaging. ``average`` is the collective, e.g.
     ``lambda m: average_parameters(m, comm)``; ``lambda m: None`` trains this worker alone.
+    ``peak_lr`` with ``warmup_steps``: the rate rises linearly from ``lr`` to ``peak_lr`` over the
+    first ``warmup_steps`` steps (``warmup_lr``); without ``peak_lr`` it stays ``lr``.
 
-    With test data, the averaged model is evaluated after an average at most every
-    ``eval_every`` steps (and after the last). Momentum buffers stay local, as in Lin et al.
+    With test data, every ``eval_every`` steps (and after the last) the *average of the workers'
+    current weights* is evaluated: the model itself right after an average, otherwise a copy
+    averaged for measurement only (one extra collective, every rank takes part; the workers keep
+    their own weights). So one-shot averaging is measured during training as the others are, and
+    the evaluation time (the measurement's average included) is not training time. Momentum
+    buffers stay local, as in Lin et al.
     """
     for name, value in (("steps", steps), ("sync_every", sync_every), ("eval_every", eval_every)):
         if not isinstance(value, int) or value < 1:
@@ -166,31 +187,37 @@ def local_sgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int,
     if len(x) != len(y):
         raise ValueError(f"x has {len(x)} samples but y has {len(y)}; pass matching inputs and labels")
     batches = worker_batches(len(x), rank, world_size, batch_size, seed, shard)
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    peak = lr if peak_lr is None else peak_lr
+    optimizer = torch.optim.SGD(model.parameters(), lr=warmup_lr(1, lr, peak, warmup_steps), momentum=momentum)
     history = LocalSGDHistory()
-    last_eval = 0
     start = time.perf_counter()
     model.train()
     for step in range(1, steps + 1):
+        for group in optimizer.param_groups:
+            group["lr"] = warmup_lr(step, lr, peak, warmup_steps)
         idx = next(batches)
         optimizer.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(x[idx]), y[idx])
         loss.backward()
         optimizer.step()
         history.losses.append(loss.item())
-        if step % sync_every == 0 or step == steps:
+        synced = step % sync_every == 0 or step == steps
+        if synced:
             began = time.perf_counter()
             average(model)
             history.averaging_time += time.perf_counter() - began
             history.n_averages += 1
-            if x_test is not None and (step - last_eval >= eval_every or step == steps):
-                began = time.perf_counter()
-                history.eval_seconds.append(began - start - history.eval_time)
-                test_loss, accuracy = evaluate(model, x_test, y_test)   # restores train() mode
-                history.eval_time += time.perf_counter() - began
-                history.eval_steps.append(step)
-                history.test_loss.append(test_loss)
-                history.test_accuracy.append(accuracy)
-                last_eval = step
+        if x_test is not None and (step % eval_every == 0 or step == steps):
+            began = time.perf_counter()
+            history.eval_seconds.append(began - start - history.eval_time)
+            probe = model
+            if not synced:                        # the workers' average, for measurement only
+                probe = copy.deepcopy(model)
+                average(probe)
+            test_loss, accuracy = evaluate(probe, x_test, y_test)   # restores train() mode
+            history.eval_time += time.perf_counter() - began
+            history.eval_steps.append(step)
+            history.test_loss.append(test_loss)
+            history.test_accuracy.append(accuracy)
     history.wall_time = time.perf_counter() - start - history.eval_time
     return history
