@@ -198,3 +198,30 @@ def test_wait_for_all_starts_together_or_gives_up_after_its_timeout():
     assert 0.2 <= time.monotonic() - began < 5
     ready[1] = 1
     assert hogwild.wait_for_all(ready, 0, timeout=0.2)
+
+
+def _slow_trainer(model, x, y, seed):
+    for _ in range(10):                    # one "update" every 20 ms, each adding 1 to every weight
+        with torch.no_grad():
+            model.weight += 1
+        time.sleep(0.02)
+    return 10
+
+
+def test_snapshots_copy_the_shared_weights_during_training_stamped_with_training_time():
+    model = nn.Linear(2, 2, bias=False)
+    with torch.no_grad():
+        model.weight.zero_()
+    worker = hogwild.Worker(_slow_trainer, 1)
+    with hogwild.Snapshots(model, worker, every_s=0.05) as snaps:
+        trainer = threading.Thread(target=worker, args=(0, model, torch.zeros(4, 2), torch.zeros(4)))
+        trainer.start()
+        trainer.join()
+    times = [t for t, _ in snaps.taken]
+    values = [float(state["weight"][0, 0]) for _, state in snaps.taken]
+    assert len(snaps.taken) >= 3, "copies taken while the worker trained, and one at the end"
+    assert all(a < b for a, b in zip(times, times[1:])) and times[-1] == pytest.approx(worker.train_time())
+    assert values == sorted(values) and values[-1] == 10 and values[0] < 10, "copies of the weights as they were"
+    assert float(model.weight[0, 0]) == 10, "the copies never reach the shared model"
+    seconds, accuracies = snaps.evaluate(torch.zeros(3, 2), torch.zeros(3, dtype=torch.long))
+    assert seconds == times and len(accuracies) == len(times)

@@ -152,6 +152,76 @@ class Worker:
         return float(self.times[:, 1].max() - self.times[:, 0].min())
 
 
+class Snapshots:
+    """Copies of a shared Hogwild model taken while ``worker``'s processes train it, for measurement.
+
+    A thread of the parent process waits until every process has started training (``worker.times``),
+    then copies the shared weights every ``every_s`` seconds until all have ended, and once more at
+    the end (``take_last``). Each copy is stamped with the training time since the common start; the
+    copies are evaluated afterwards (``evaluate``), so evaluation never takes time from training and
+    Hogwild's time to a target is read as the other methods' is. The processes never see the copies.
+
+        snaps = hogwild.Snapshots(model, worker, every_s=2.0)
+        with snaps:
+            hogwild_train(model, x, y, processes, worker)
+        times, accuracies = snaps.evaluate(x_test, y_test)
+    """
+
+    def __init__(self, model: nn.Module, worker: "Worker", every_s: float, timeout_s: float = 600.0):
+        import threading
+
+        if every_s <= 0:
+            raise ValueError(f"every_s must be positive, got {every_s!r}")
+        self.model, self.worker, self.every_s, self.timeout_s = model, worker, every_s, timeout_s
+        self.taken: list[tuple[float, dict]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _copy(self) -> dict:
+        return {name: t.detach().clone() for name, t in self.model.state_dict().items()}
+
+    def _watch(self) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while not bool((self.worker.times[:, 0] > 0).all()):      # every process training
+            if self._stop.is_set() or time.monotonic() > deadline:
+                return
+            time.sleep(0.005)
+        start = float(self.worker.times[:, 0].min())
+        due = start + self.every_s
+        while not self._stop.is_set() and not bool((self.worker.times[:, 1] > 0).all()):
+            now = time.monotonic()
+            if now >= due:
+                self.taken.append((now - start, self._copy()))
+                due += self.every_s
+            time.sleep(min(0.005, max(0.0, due - now)))
+
+    def __enter__(self) -> "Snapshots":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        if exc[0] is None:
+            self.take_last()
+
+    def take_last(self) -> None:
+        """The trained model, stamped with the whole training time (``worker.train_time()``)."""
+        self.taken.append((self.worker.train_time(), self._copy()))
+
+    def evaluate(self, x_test: torch.Tensor, y_test: torch.Tensor) -> tuple[list[float], list[float]]:
+        """(training seconds, test accuracy) of every copy, in the order taken."""
+        from .train import evaluate
+
+        probe = copy.deepcopy(self.model)
+        times, accuracies = [], []
+        for seconds, state in self.taken:
+            probe.load_state_dict(state)
+            times.append(seconds)
+            accuracies.append(evaluate(probe, x_test, y_test)[1])
+        return times, accuracies
+
+
 @dataclass
 class HogwildResult:
     """``model``: the shared model, trained. ``wall_time``: the whole call, start-up included;
