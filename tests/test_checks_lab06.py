@@ -44,6 +44,7 @@ ENUMERATED = "        for step, (x, y) in enumerate(loader):\n"
 SUMMED = "            totals[0] += loss.detach() * len(y)\n"
 REFUSAL = "    if args.global_batch % world_size:"
 EVALUATE = "            _, accuracy = evaluate(model, dataset.x_test, dataset.y_test)"
+PROGRESS = "            if {test}:\n                print(f'step {{step}} loss {{loss.item():.4f}}', flush=True)\n"
 
 # Each wrong script, the part of the check that must refuse it, and the words of its message. The
 # job runs as two simulated GPU nodes (2 + 1 processes), so mistakes that show only on GPUs or on
@@ -113,6 +114,23 @@ MISTAKES = {
                                                                          "                accuracy = (model(dataset.x_test.to(device)).argmax(1) == "
                                                                          "dataset.y_test.to(device)).float().mean().item()")],
                                            "dropout layer(s) in eval mode inside training steps"),
+    # found by testers: only lines in the epoch format were counted, so any other line printed by every rank passed;
+    # on the check's 3 processes (2 + 1 on two nodes) each names the first rank that printed, and what
+    "a progress line on every rank": ("check_training", [(LOOP, ENUMERATED), (SUMMED, SUMMED + PROGRESS.format(test="step == 4"))],
+                                      ("rank 1 printed 'step 4 loss ", "(and 1 more line(s)); rank(s) [2] printed too: "
+                                                                       "print from rank 0 only. ")),
+    "a startup line on every rank": ("check_training", [(REFUSAL, "    print(f'rank {rank} of {world_size} on {device}')\n" + REFUSAL)],
+                                     ("rank 1 printed 'rank 1 of 3 on cuda:1'; rank(s) [2] printed too: print from rank 0 only",)),
+    "a progress line on LOCAL_RANK 0": ("check_training", [(LOOP, ENUMERATED), (SUMMED, SUMMED + PROGRESS.format(
+                                            test="int(os.environ['LOCAL_RANK']) == 0 and step == 4"))],
+                                        ("rank 2 printed 'step 4 loss ", "print from rank 0 only (LOCAL_RANK is 0 on every "
+                                                                         "node: test the global rank, dist.get_rank())")),
+    "a line printed by every rank at the end": ("check_training", [(TEARDOWN, TEARDOWN + "\n    print('training finished')")],
+                                                ("rank 1 printed 'training finished'; rank(s) [2] printed too: print from rank 0 only",)),
+    "logging to stdout on every rank": ("check_training", [(REFUSAL, "    import logging, sys\n    logging.basicConfig(stream=sys.stdout, "
+                                                                     "level=logging.INFO)\n    logging.info('%d samples per step', "
+                                                                     "args.global_batch // world_size)\n" + REFUSAL)],
+                                        ("rank 1 printed 'INFO:root:4 samples per step'", "print from rank 0 only")),
 }
 
 
@@ -134,7 +152,13 @@ def test_a_right_script_written_otherwise_passes(tmp_path):
                                       (EVALUATE, "            model.eval()\n            with torch.no_grad():\n"
                                                  "                predicted = model(dataset.x_test.to(device)).argmax(1).cpu()\n"
                                                  "            accuracy = (predicted == dataset.y_test).float().mean().item()\n"
-                                                 "            model.train()")))
+                                                 "            model.train()"),
+                                      # torch printing on every rank (its DDP environment dump) is torch's output, not
+                                      # the job's logging; a rank other than 0 may write to stderr (warnings do)
+                                      (REFUSAL, "    from torch.nn.parallel.distributed import _dump_DDP_relevant_env_vars\n"
+                                                "    _dump_DDP_relevant_env_vars()\n"
+                                                "    warnings.warn(f'rank {rank} starts')\n" + REFUSAL),
+                                      ("import argparse\n", "import argparse\nimport warnings\n")))
 
 
 def test_a_refusal_after_building_the_model_and_ddp_passes(tmp_path):
@@ -148,7 +172,8 @@ def test_a_refusal_after_building_the_model_and_ddp_passes(tmp_path):
 def test_job_mistake_gets_its_own_message(mistake, tmp_path):
     part, replacements, message = MISTAKES[mistake]
     got = fails(getattr(lab06, part), with_mistake(tmp_path, *replacements), Incorrect)
-    assert message in got, got
+    for words in (message,) if isinstance(message, str) else message:
+        assert words in got, got
 
 
 def test_a_gpu_feature_the_simulated_node_cannot_run_is_named():

@@ -67,3 +67,56 @@ def test_a_refusal_on_some_ranks_only_is_named_however_the_others_ended():
     assert "rank(s) [0] refused it, but rank 1 timed out waiting for its peers (RuntimeError: Timed out waiting" in got, got
     assert "rank 2 left no record" in got and "a rank that does not starts a collective the others never join" in got, got
     REPLAYED.judge_refusal(1, "", {rank: _ended(rank, refused["error"]) for rank in range(3)})
+
+
+def test_the_probe_tells_the_jobs_own_output_from_torchs():
+    # Who wrote to stdout is the code that called write (print's caller), past the standard library's frames:
+    # the script's print and its logging are the job's; torch's own print is not.
+    import io
+    import logging
+    import os
+    import sys
+
+    import torch
+
+    from utils.checks import job_probe
+
+    tee = job_probe._Tee(io.StringIO(), [])
+    saved = sys.stdout
+    sys.stdout = tee
+    try:
+        exec(compile("print('from torch')", os.path.join(os.path.dirname(torch.__file__), "nn", "x.py"), "exec"), {})
+        exec(compile("print('from the check')", job_probe.__file__, "exec"), {})
+        assert tee.job == [] and tee.job_lines == 0
+        exec(compile("print('from the script')", "/tmp/job/train_ddp.py", "exec"), {})
+        handler = logging.StreamHandler(sys.stdout)
+        log = logging.getLogger("job-check-test")
+        log.addHandler(handler)
+        try:
+            exec(compile("log.warning('logged')", "/tmp/job/train_ddp.py", "exec"), {"log": log})
+        finally:
+            log.removeHandler(handler)
+    finally:
+        sys.stdout = saved
+    assert "".join(tee.job) == "from the script\nlogged\n" and tee.job_lines == 2
+    assert "".join(tee.kept).startswith("from torch\nfrom the check\n")
+
+
+def _printed(rank: int, local_rank: int, text: str, lines: int | None = None) -> dict:
+    return {"rank": str(rank), "local_rank": str(local_rank), "job_printed": text,
+            **({"job_printed_lines": lines} if lines is not None else {})}
+
+
+def test_a_line_printed_by_a_rank_other_than_0_is_named():
+    # Judged without a run, on 3 ranks of two nodes (2 + 1): the first rank that printed, its first line, how many.
+    check = lab06.JOB_CHECK
+    quiet = {0: _printed(0, 0, "epoch 0 train_loss 1.0 test_accuracy 0.5 seconds 1\n"), 1: _printed(1, 1, ""),
+             2: _printed(2, 0, "")}
+    check._diagnose_other_ranks_printing(quiet)
+    check._diagnose_other_ranks_printing({rank: {"rank": str(rank), "local_rank": "0"} for rank in range(3)})  # an older record
+    got = fails(check._diagnose_other_ranks_printing, {**quiet, 1: _printed(1, 1, "\nloaded 34 samples\nstep 1\n", 3),
+                                                       2: _printed(2, 0, "x")}, Incorrect)
+    assert got.startswith("6.1: rank 1 printed 'loaded 34 samples' (and 2 more line(s)); rank(s) [2] printed too: "
+                          "print from rank 0 only. "), got
+    got = fails(check._diagnose_other_ranks_printing, {**quiet, 2: _printed(2, 0, "\n\n", 2)}, Incorrect)
+    assert "rank 2 printed an empty line (and 1 more line(s)): print from rank 0 only (LOCAL_RANK is 0" in got, got

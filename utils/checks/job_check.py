@@ -530,6 +530,7 @@ class JobCheck:
             records[rank]["local_rank"] == "0" for rank in chatty) else ""
         expect(not chatty, f"{self.label}: rank(s) {chatty} printed epoch lines too: log on rank 0 only "
                            f"(if rank == 0: print(...)){by_local}, or the log repeats every line {nproc} times.")
+        self._diagnose_other_ranks_printing(records)
         expect(printed.get(0) == self.job["epochs"], f"{self.label}: rank 0 printed {printed.get(0)} epoch line(s) for "
                                                 f"{self.job['epochs']} epochs; print one line per epoch, in the single-process "
                                                 f"script's format: epoch E train_loss L test_accuracy A seconds S.")
@@ -547,6 +548,31 @@ class JobCheck:
         expect(not not_destroyed, f"{self.label}: rank(s) {not_destroyed} never called dist.destroy_process_group(): end the "
                                   f"job by tearing the group down, in a finally block so it happens even on error.")
         return first
+
+    def _diagnose_other_ranks_printing(self, records: dict) -> None:
+        """Logging is rank 0's alone: any line a rank other than 0 printed to stdout is refused, naming it. What
+        torch or the check printed is not the job's (the probe keeps the job's own output apart, ``job_printed``);
+        torchrun's own messages come from its agents, not from the ranks."""
+        talkers = []
+        for rank, rec in sorted(records.items()):
+            text = rec.get("job_printed") or ""
+            if rank != 0 and text:
+                talkers.append((rank, rec, str(text)))
+        if not talkers:
+            return
+        rank, rec, text = talkers[0]
+        lines = text.splitlines() or [text]
+        shown = next((line.strip() for line in lines if line.strip()), "")
+        shown = repr(shown[:100] + ("..." if len(shown) > 100 else "")) if shown else "an empty line"
+        count = rec.get("job_printed_lines")
+        count = count if isinstance(count, int) and count > 0 else len(lines)
+        more = f" (and {count - 1} more line(s))" if count > 1 else ""
+        also = f"; rank(s) {[r for r, _, _ in talkers[1:]]} printed too" if len(talkers) > 1 else ""
+        by_local = (" (LOCAL_RANK is 0 on every node: test the global rank, dist.get_rank())"
+                    if all(str(r.get("local_rank")) == "0" for _, r, _ in talkers) else "")
+        expect(False, f"{self.label}: rank {rank} printed {shown}{more}{also}: print from rank 0 only{by_local}. Every "
+                      f"rank's stdout ends up in the job's one log, so a line printed by every rank repeats "
+                      f"there once per process.")
 
     def _diagnose_steps(self, records: dict, nproc: int) -> list:
         """Every rank took one step of one torch.optim optimizer per batch, the same steps as rank 0, over all

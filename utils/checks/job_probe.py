@@ -10,7 +10,8 @@ wrapping a few torch functions so that they also write down their calls: ``init_
 script reduces by hand, whether it reaches the function as ``torch.distributed.all_reduce`` or as
 ``torch.distributed.distributed_c10d.all_reduce``), every ``optimizer.step()`` (the optimizer's class and each parameter group's
 settings in force, which schedulers change, so that a check can take the same steps), ``torch.save``,
-``destroy_process_group``, the lines the rank printed, and how many times the DDP model's weights changed
+``destroy_process_group``, the lines the rank printed (and apart, what the job's own code printed to stdout:
+torch's output and the check's left out), and how many times the DDP model's weights changed
 other than through an optimizer step (between two steps, or between a step and a save).
 The record goes to ``$COURSE_PROBE_DIR/rank<RANK>.json`` when the process exits (after the script's own exit
 handlers), however the script ends, unless the process is killed or ends with ``os._exit``; it says
@@ -88,14 +89,41 @@ def masked_dropout(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
     return x * keep / (1 - p)
 
 
+# Whose code wrote to stdout: the frame that called write (print's caller), past the standard library's
+# frames (logging, traceback, io: their caller decides). torch's own output and the check's are not the job's.
+_STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
+_NOT_THE_JOBS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.abspath(__file__)) + os.sep)
+JOB_PRINTED_KEPT = 4000        # characters of the job's own stdout kept in the record (the first ones)
+
+
+def _written_by_the_job(frame) -> bool:
+    """Whether the code that wrote (``frame``, the caller of write) is the job's: its script, or any module it
+    called other than torch's and the check's."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not (name.startswith("<frozen") or (name.startswith(_STDLIB_DIR) and "-packages" not in name)):
+            return not name.startswith(_NOT_THE_JOBS)
+        frame = frame.f_back
+    return True
+
+
 class _Tee(io.TextIOBase):
-    """Passes writes on to the real stream and keeps the text, to count what this rank printed."""
+    """Passes writes on to the real stream and keeps the text, to count what this rank printed; what the job's
+    own code wrote (not torch's, not the check's) is kept apart too (``job``: the first characters, and a count
+    of the lines), so that a check can refuse a line printed by any rank but rank 0."""
 
     def __init__(self, stream, kept: list[str]):
         self.stream, self.kept = stream, kept
+        self.job, self.job_chars, self.job_lines, self.job_ended_line = [], 0, 0, True
 
     def write(self, text):
         self.kept.append(text)
+        if text and _written_by_the_job(sys._getframe(1)):
+            if self.job_chars < JOB_PRINTED_KEPT:
+                self.job.append(text[:JOB_PRINTED_KEPT - self.job_chars])
+            self.job_chars += len(text)
+            self.job_lines += text.count("\n")
+            self.job_ended_line = text.endswith("\n")
         return self.stream.write(text)
 
     def flush(self):
@@ -522,8 +550,9 @@ def main(argv: list[str]) -> None:
     _record_calls(record, gpus, weights)
     # Written at exit, after the script's own exit handlers (atexit runs the last registered first): a script
     # may rightly tear its group down in one of them.
-    atexit.register(_write_record, out, rank, record, printed, weights)
-    sys.stdout = _Tee(sys.stdout, printed)
+    tee = _Tee(sys.stdout, printed)
+    atexit.register(_write_record, out, rank, record, printed, weights, tee)
+    sys.stdout = tee
     sys.argv = list(argv)
     try:
         if os.environ.get("COURSE_PROBE_CALLS_ONLY") == "1":   # a real run: its calls recorded, its tensors left alone
@@ -541,9 +570,14 @@ def main(argv: list[str]) -> None:
         raise
 
 
-def _write_record(out: Path, rank: str, record: dict, printed: list[str], weights: _WeightWatch) -> None:
+def _write_record(out: Path, rank: str, record: dict, printed: list[str], weights: _WeightWatch,
+                  tee: _Tee | None = None) -> None:
     text = "".join(printed)
     record["printed"] = text[-20000:]
+    if tee is not None:     # what the job's own code printed (torch's and the check's output left out)
+        job = "".join(tee.job)
+        record["job_printed"] = job
+        record["job_printed_lines"] = tee.job_lines + (0 if tee.job_ended_line else 1)
     # The epoch lines apart: a job that prints a progress line every step would push them out of the tail.
     record["epoch_lines"] = "\n".join(line.group(0) for line in EPOCH_LINE.finditer(text))[-100_000:]
     try:
