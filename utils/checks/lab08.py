@@ -27,6 +27,8 @@ raised without naming the process. Forked processes are named last.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
@@ -673,32 +675,41 @@ def check_hogwild_worker(hogwild_worker) -> None:
 
 # --- 8.4 the Hogwild processes ----------------------------------------------------------------------
 
-HOGWILD_WAIT_S = 20.0   # how long a process of the check waits for the others to start
+HOGWILD_WAIT_S = 300.0  # the longest a process of the check waits for the others to start, where nothing else
+#                         tells it to stop (your function joins a process before it has started them all)
+HOLD_S = 120.0          # the longest a process of the check stays alive, held, waiting to be joined
+TIMED_JOIN_S = 15.0     # a join(timeout=...) up to this long holds its process past the timeout
 
 
 class _Probe:
     """The worker the check gives the learner's ``hogwild_train``: in each process it records, in shared
     memory, the rank it was given, its process id, the samples of its shard (the inputs' first column
     holds each sample's index), whether its labels are those of its inputs (the labels hold the same
-    indices), whether it came by pickling (spawn, forkserver) or was inherited by a forked process, whether
-    all processes were running at once (``wait_for_all``), and that it finished; it adds 1 to row ``rank`` of
-    the model's weight, so the model shows which processes trained the model given rather than a copy.
-    ``fail`` names a rank that dies (exit code 3). A first argument that is not a rank is described in
-    ``complaint`` (the process's own error goes to its stderr, which a notebook does not show)."""
+    indices), whether it came by pickling (spawn, forkserver) or was inherited by a forked process, and
+    whether all processes were running at once; it adds 1 to row ``rank`` of the model's weight, so the
+    model shows which processes trained the model given rather than a copy. ``fail`` names a rank that
+    dies (exit code 3); ``hold`` a rank that stays alive until it is joined. A process also stays alive
+    while the check holds it (``held``: its pid, set when it is joined with a short timeout). Waits end
+    on events that ``_watching`` sets in the check's process (a join before all processes started, the
+    learner's function returned), on the parent's end, or after a long bound. A first argument that is
+    not a rank is described in ``complaint`` (the process's own error goes to its stderr, which a
+    notebook does not show)."""
 
-    def __init__(self, processes: int, n: int, fail: int | None = None):
+    def __init__(self, processes: int, n: int, fail: int | None = None, hold: int | None = None):
         import os
 
-        self.parent, self.fail, self.wait_s = os.getpid(), fail, HOGWILD_WAIT_S
-        self.ready = torch.zeros(processes, dtype=torch.int32).share_memory_()
-        self.calls = torch.zeros(processes, dtype=torch.int32).share_memory_()
-        self.pids = torch.zeros(processes, dtype=torch.int64).share_memory_()
-        self.met = torch.zeros(processes, dtype=torch.int32).share_memory_()
-        self.done = torch.zeros(processes, dtype=torch.int32).share_memory_()
-        self.seen = torch.zeros(processes, n, dtype=torch.int32).share_memory_()
-        self.labels = torch.zeros(processes, dtype=torch.int32).share_memory_()    # 1: its own, 2: others'
-        self.forked = torch.zeros(processes, dtype=torch.int32).share_memory_()
-        self.complaint = torch.zeros(400, dtype=torch.uint8).share_memory_()
+        self.parent, self.fail, self.hold = os.getpid(), fail, hold
+        self.wait_s, self.hold_s = HOGWILD_WAIT_S, HOLD_S
+        shared = lambda *shape, dtype=torch.int32: torch.zeros(*shape, dtype=dtype).share_memory_()
+        self.ready, self.calls, self.met, self.done = (shared(processes) for _ in range(4))
+        self.pids = shared(processes, dtype=torch.int64)
+        self.seen = shared(processes, n)
+        self.labels = shared(processes)          # 1: its own, 2: others'
+        self.forked = shared(processes)
+        self.complaint = shared(400, dtype=torch.uint8)
+        self.stop_waiting, self.over = shared(1), shared(1)
+        self.held = shared(1, dtype=torch.int64)
+        self.joined = shared(64, dtype=torch.int64)
         self.travelled = False       # set in the copy a process unpickles; a forked process inherits this one
 
     def __getstate__(self):
@@ -707,11 +718,21 @@ class _Probe:
     def complained(self) -> str:
         return bytes(self.complaint.tolist()).rstrip(b"\0").decode(errors="replace")
 
-    def __call__(self, rank, model, x, y):
+    def _until(self, free, limit_s: float) -> bool:
+        """Wait until ``free()``; False if the learner's function returned, the parent is gone or the time ran out."""
         import os
         import time
 
-        from utils.hogwild import wait_for_all
+        deadline = time.monotonic() + limit_s
+        while not free():
+            if int(self.over[0]) or os.getppid() != self.parent or time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def __call__(self, rank, model, x, y):
+        import os
+        import time
 
         if not isinstance(rank, int) or not 0 <= rank < len(self.calls):
             message = (f"a process called worker({', '.join(type(a).__name__ for a in (rank, model, x, y))}) with "
@@ -726,38 +747,120 @@ class _Probe:
         self.forked[rank] = int(not self.travelled)
         if os.getpid() == self.parent:           # called in the check's own process: no one to wait for
             return
-        self.met[rank] = int(wait_for_all(self.ready, rank, self.wait_s))
+        self.ready[rank] = 1
+        self.met[rank] = int(self._until(lambda: int(self.ready.sum()) == len(self.ready) or
+                                         int(self.stop_waiting[0]), self.wait_s) and not int(self.stop_waiting[0]))
         with torch.no_grad():
             model.weight[rank] += 1.0
         time.sleep(0.2)
         if rank == self.fail:
             os._exit(3)                          # dies without a word, as a process killed for memory does
+        me = os.getpid()
+        self._until(lambda: int(self.held[0]) != me and (rank != self.hold or me in self.joined.tolist()), self.hold_s)
         self.done[rank] = 1
+
+
+@contextmanager
+def _watching(probe: _Probe):
+    """While the learner's function runs, in this process: the processes it starts are counted, and each
+    join tells the probe's processes what they wait for. A join before every process has started ends
+    their wait for one another (they cannot all run at once); a join lets a process held until joined go;
+    the first join with a short timeout holds its process alive past that timeout (``state["timed"]``: its
+    pid), and the next join of that process lets it go. is_alive before every process has started ends the
+    wait as a join does. Yields ``state``."""
+    from multiprocessing.process import BaseProcess
+
+    start, join, is_alive = BaseProcess.start, BaseProcess.join, BaseProcess.is_alive
+    state = {"started": 0, "timed": None}
+
+    def starting(self):
+        state["started"] += 1
+        return start(self)
+
+    def asking(self):
+        if state["started"] < len(probe.calls):      # waiting for one before all started
+            probe.stop_waiting[0] = 1
+        return is_alive(self)
+
+    def joining(self, timeout=None):
+        if state["started"] < len(probe.calls):
+            probe.stop_waiting[0] = 1
+        if self.pid is not None:
+            slots = (probe.joined == 0).nonzero().flatten()
+            if len(slots):
+                probe.joined[slots[0]] = self.pid
+            if int(probe.held[0]) == self.pid:
+                probe.held[0] = -1
+            elif timeout is not None and timeout <= TIMED_JOIN_S and state["timed"] is None and is_alive(self):
+                state["timed"] = self.pid
+                probe.held[0] = self.pid
+        return join(self, timeout)
+
+    BaseProcess.start, BaseProcess.join, BaseProcess.is_alive = starting, joining, asking
+    try:
+        yield state
+    finally:
+        BaseProcess.start, BaseProcess.join, BaseProcess.is_alive = start, join, is_alive
+
+
+def _ranks_of(probe: _Probe, pids) -> list:
+    return [r for r in range(len(probe.pids)) if int(probe.pids[r]) in pids]
+
+
+def _end_children(probe: _Probe) -> None:
+    """Let every process of the probe go, and wait for them to end (ending those that do not)."""
+    import multiprocessing
+    import time
+
+    probe.over[0] = 1
+    deadline = time.monotonic() + 60
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for child in multiprocessing.active_children():
+        child.terminate()
+        child.join(5)
+
+
+def _still_running_message(probe: _Probe, state: dict, alive: set, raised: bool) -> str | None:
+    """The message for processes left running when the learner's function returned (or raised)."""
+    if not alive:
+        return None
+    ranks = _ranks_of(probe, alive) or f"{len(alive)} of them"
+    if state["timed"] in alive:
+        return (f"8.4: process {_ranks_of(probe, {state['timed']}) or ''} was still running when your function "
+                f"{'raised' if raised else 'returned'}: join(timeout=...) returns when the time runs out, ended or "
+                f"not (the exit code is then None, neither success nor failure). Wait until every process has "
+                f"ended (join() without a timeout, or join again while is_alive()) before reading exit codes")
+    if raised:
+        return (f"8.4: your function raised while process(es) {ranks} were still running: they are left behind, "
+                f"orphaned, still training the model. Join every process first, then raise an error that names "
+                f"the failed one(s)")
+    return (f"8.4: your function returned while process(es) {ranks} were still running: wait for every process to "
+            f"end (join) before returning, or the caller reads a model that is still changing")
 
 
 def _hogwild_verdict(probe: _Probe, model: nn.Module, before: torch.Tensor, n: int) -> list:
     """Fails the check on a mistake of this run; returns the ranks of the processes that were forked (named
     after every other mistake of every run)."""
     import os
-    import time
 
     processes = len(probe.calls)
     if int(probe.calls.sum()) and all(int(pid) in (0, os.getpid()) for pid in probe.pids):
         expect(False, "8.4: the worker ran in this process: start one process per shard (torch.multiprocessing, "
                       "spawn method) and let each call the worker; calling it here runs the shards one after another")
-    import multiprocessing
-
-    early = bool(multiprocessing.active_children())          # started, never joined, still running
-    deadline = time.monotonic() + probe.wait_s + 60
-    while multiprocessing.active_children() and time.monotonic() < deadline:   # no process left behind
-        time.sleep(0.05)
     ranks = probe.calls.tolist()
+    shards = [set(torch.nonzero(probe.seen[r]).flatten().tolist()) for r in range(processes)]
+    pieces = [len(piece) for piece in torch.arange(n).chunk(processes)]
+    ran = sorted(len(shards[r]) for r in range(processes) if ranks[r])
+    if len(pieces) < processes and sum(ranks) == len(pieces) and ran == sorted(pieces):
+        expect(False, f"8.4: only {len(pieces)} processes ran, for processes = {processes}: chunk cuts {n} samples "
+                      f"into pieces of ceil({n}/{processes}) = {pieces[0]}, which makes {len(pieces)} pieces, not "
+                      f"{processes} (it gives fewer pieces than asked for some sizes). Split with "
+                      f"utils.parallel_sgd.shard_indices, which always gives {processes} shards")
     expect(ranks == [1] * processes, f"8.4: the worker was called {sum(ranks)} time(s), with ranks "
                                      f"{[r for r in range(processes) for _ in range(ranks[r])]}: start {processes} "
                                      f"processes, process r calling worker(r, model, x_r, y_r) once, r = 0 to "
                                      f"{processes - 1}")
-    expect(not early, "8.4: your function returned while the processes were still running: wait for every "
-                      "process to end (join) before returning, or the caller reads a model that is still changing")
     changed = [r for r in range(processes) if torch.allclose(model.weight[r] - before[r], torch.ones_like(before[r]))]
     expect(len(changed) == processes,
            f"8.4: the model you were given shows the updates of process(es) {changed} only, of {processes}: each "
@@ -765,7 +868,6 @@ def _hogwild_verdict(probe: _Probe, model: nn.Module, before: torch.Tensor, n: i
     mixed = [r for r in range(processes) if probe.labels[r] != 1]
     expect(not mixed, f"8.4: process(es) {mixed} got labels that are not those of their inputs (all of y, or "
                       f"another shard's): give process r x[s] and y[s] with the same shard s")
-    shards = [set(torch.nonzero(probe.seen[r]).flatten().tolist()) for r in range(processes)]
     if all(s == shards[0] for s in shards):
         expect(False, f"8.4: all {processes} processes got the same " + ("samples, all of them" if len(shards[0]) == n
                else f"{len(shards[0])} samples") + ": give each process its own shard of the data, a random "
@@ -780,44 +882,63 @@ def _hogwild_verdict(probe: _Probe, model: nn.Module, before: torch.Tensor, n: i
                             f"a data set stored in some order (by class, by source) would give each process a "
                             f"different part of the problem; take a random 1/P with "
                             f"utils.parallel_sgd.shard_indices, as section 1 does")
+    strided = all(len({i % processes for i in s}) == 1 for s in shards if s)
+    expect(not strided, f"8.4: process r got every {processes}-th sample from sample r on (x[r::P]): a data set "
+                        f"stored in some order (a pattern that repeats, classes in turn) would give each process a "
+                        f"biased part of it; take a random 1/P with utils.parallel_sgd.shard_indices, as section 1 "
+                        f"does")
     expect(max(sizes) - min(sizes) <= 1, f"8.4: the shards hold {sizes} samples: split the data into {processes} "
                                          f"nearly equal parts")
-    expect(bool(probe.met.all()), f"8.4: the processes did not all run at the same time (each waited up to "
-                                  f"{probe.wait_s:g} s for the others): they ran one after another. Start them all "
-                                  f"first, then wait for each: Hogwild's processes train together")
+    expect(bool(probe.met.all()), "8.4: the processes did not all run at the same time: your function waited for "
+                                  "(joined) a process before it had started them all, so they ran one after another. "
+                                  "Start them all first, then wait for each: Hogwild's processes train together")
     return [r for r in range(processes) if probe.forked[r]]
 
 
 def check_hogwild_train(hogwild_train) -> None:
     """Exercise 8.4: ``hogwild_train(model, x, y, processes, worker)`` puts the model in shared memory,
     starts one process per shard, process r running ``worker(r, model, x_r, y_r)``, waits for all of them
-    and raises an error that names a failed one. Run with 3 processes on 23 samples (shards of 8, 8 and 7),
-    then again with the middle one dying (so reading only the first or the last exit code is not enough)."""
+    and raises an error that names a failed one. Run with 5 processes on 12 samples (shards of 3, 3, 2, 2
+    and 2; torch.chunk would give 4 pieces of 3), then with 3 processes where the middle one dies and the
+    last one lives until it is joined (so reading only the first or the last exit code, or raising before
+    joining them all, is seen)."""
     import copy
+    import multiprocessing
     import re
 
     with exercise("8.4"):
         forked = []
-        for processes, n, fail in ((3, 23, None), (3, 12, 1)):
+        for processes, n, fail in ((5, 12, None), (3, 12, 1)):
             x, _ = _indexed_problem(n, 2, 3, 0)
             y = torch.arange(n)                               # the labels hold the samples' indices too
             model = nn.Linear(2, processes, bias=False).double()
             before = copy.deepcopy(model.weight.detach())
-            probe = _Probe(processes, n, fail)
+            probe = _Probe(processes, n, fail, hold=None if fail is None else processes - 1)
+            error = None
             try:
-                hogwild_train(model, x, y, processes, probe)
-            except Exception as error:
-                if isinstance(error, NotImplementedError):
-                    raise
+                with _watching(probe) as state:
+                    hogwild_train(model, x, y, processes, probe)
+            except NotImplementedError:
+                raise
+            except Exception as raised:
+                error = raised
+            finally:
+                alive = {child.pid for child in multiprocessing.active_children()}
+                _end_children(probe)
+            if error is not None:
                 expect(not probe.complained(), f"8.4: {probe.complained()} (your function then raised "
                                                f"{type(error).__name__}: {error})")
+                running = _still_running_message(probe, state, alive, raised=True)
+                expect(running is None, f"{running} (your function raised {type(error).__name__}: {error})")
                 if fail is None:
-                    raise
+                    raise error
                 named = {str(fail), str(int(probe.pids[fail])), "3"} & set(re.findall(r"\d+", str(error)))
                 expect(bool(named), f"8.4: process {fail} died (exit code 3) and your function raised "
                                     f"{type(error).__name__}({str(error)!r}), which does not say which process: name "
                                     f"its rank and exit code, so that the reader knows where to look")
                 continue                                      # a process died and the learner's code said so
+            running = _still_running_message(probe, state, alive, raised=False)
+            expect(running is None, running)
             if fail is not None:
                 expect(False, f"8.4: process {fail} died (exit code 3) and your function returned as if all went "
                               f"well: after waiting for each process, look at its exit code and raise an error "
