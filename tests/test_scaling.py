@@ -250,6 +250,14 @@ def test_recorded_curves_put_measured_throughput_beside_the_model_from_one_worke
     assert "test cpu, 2 cores" in scaling.describe_record(_record()) and "load average 0.5-1.5" in scaling.describe_record(_record())
 
 
+def test_a_recording_is_contended_when_the_load_left_fewer_idle_cores_than_workers():
+    quiet, busy = _record(), _record()
+    quiet["runs"][0]["load_average"] = [0.0, 1, 1]         # k = 2 on 2 idle cores; k = 1 at 0.5 leaves one idle
+    assert not scaling.contended(quiet) and "contended" not in scaling.describe_record(quiet)
+    busy["runs"][0]["load_average"] = [0.5, 1, 1]          # 0.5 + 2 workers > 2 cores
+    assert scaling.contended(busy) and "contended" in scaling.describe_record(busy)
+
+
 def test_recorded_runs_are_read_fewest_cores_first(tmp_path):
     for cores in (16, 2):
         (tmp_path / f"lab06_scaling_{cores}core.json").write_text(json.dumps(dict(_record(), machine=dict(cpu="c", cores=cores, torch="t"))))

@@ -280,13 +280,21 @@ def recorded_curves(record: dict):
     return ks, throughput, predicted, communication
 
 
+def contended(record: dict) -> bool:
+    """Whether some k of a recorded file started with fewer idle cores than workers (1-minute load average
+    + k > cores): its times then measure the machine's other load too, and draw no verdict."""
+    cores = record["machine"]["cores"]
+    return any(r.get("load_average") is None or r["load_average"][0] + r["workers"] > cores for r in record["runs"])
+
+
 def describe_record(record: dict, *, date: bool = True) -> str:
     """The machine, its load and (``date``) the date of a recorded file, in one line."""
     m = record["machine"]
     loads = [r.get("load_average") for r in record["runs"] if r.get("load_average")]
     load = f"load average {min(l[0] for l in loads):.1f}-{max(l[0] for l in loads):.1f} as its runs started" if loads else "load not recorded"
     return (f"{m['cpu']}, {m['cores']} cores, torch {m['torch']}{', ' + record['date'] if date else ''}; one process per worker, "
-            f"each pinned to a core of its own, {load}")
+            f"each pinned to a core of its own, {load}"
+            + (": contended, fewer idle cores than workers, so its times measure that load too" if contended(record) else ""))
 
 
 def plot_recorded(record: dict):
