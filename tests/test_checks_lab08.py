@@ -134,6 +134,26 @@ def float32_only(model, comm):
 
 
 @interactive
+def divided_into_a_new_array(model, comm):
+    from mpi4py import MPI
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        if tensor.is_floating_point():
+            values = tensor.detach().numpy()
+            comm.Allreduce(MPI.IN_PLACE, values, op=MPI.SUM)
+            values = values / comm.Get_size()
+
+
+@interactive
+def divided_by_world_size(model, comm):
+    from mpi4py import MPI
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        if tensor.is_floating_point():
+            values = tensor.detach().numpy()
+            comm.Allreduce(MPI.IN_PLACE, values, op=MPI.SUM)
+            values /= MPI.COMM_WORLD.Get_size()
+
+
+@interactive
 def stub_average(model, comm):
     raise NotImplementedError("Hint: x")
 
@@ -152,8 +172,10 @@ def test_average_right_passes(mpi_workers):
     (parameters_only, "running is unchanged"),
     (into_a_copy, "rank 0: scale is unchanged ("),
     (float32_only, "you picked the tensors by their dtype"),     # found in review: it was told of copies and Reduce
+    (divided_into_a_new_array, "in place (values /= size; values = values / size makes a new array"),
+    (divided_by_world_size, "divided by MPI.COMM_WORLD's size, 3: divide by the size of the communicator"),
 ], ids=["sum", "divisor 2", "COMM_WORLD", "integer buffer", "pickled allreduce", "Reduce", "no buffers", "a copy",
-        "float32 only"])
+        "float32 only", "a new array", "world's size"])
 def test_average_mistakes(mpi_workers, wrong, message):
     assert message in fails(lambda fn: lab08.check_average(mpi_workers, fn), wrong, Incorrect)
 
@@ -285,7 +307,8 @@ def test_psgd_stub(mpi_workers):
 
 # --- 8.3 the Hogwild worker --------------------------------------------------------------------------
 
-def worker(copy_model=False, reshuffle=True, shuffle=True, count=True, add_at_end=False, lock=None, global_seed=False):
+def worker(copy_model=False, reshuffle=True, shuffle=True, count=True, add_at_end=False, lock=None, global_seed=False,
+           drop_last=False):
     def hogwild_worker(model, x, y, epochs, batch_size, lr, seed):
         import copy as copying
 
@@ -306,6 +329,8 @@ def worker(copy_model=False, reshuffle=True, shuffle=True, count=True, add_at_en
             if epoch and reshuffle:
                 order = draw()
             for idx in (order if shuffle else t.arange(len(x))).split(batch_size):
+                if drop_last and len(idx) < batch_size:
+                    continue
                 if lock:
                     import fcntl
                     handle = open(lock, "w")
@@ -336,7 +361,8 @@ def test_hogwild_worker_right_passes():
     (worker(count=False), "return the number of updates"),
     (worker(global_seed=True), "changed torch's global random state"),
     (worker(add_at_end=True), "never ran the model they were given"),
-], ids=["a copy", "no shuffle", "shuffled once", "no count", "global seed", "copy added at the end"])
+    (worker(drop_last=True), "you left out each epoch's last, smaller batch"),
+], ids=["a copy", "no shuffle", "shuffled once", "no count", "global seed", "copy added at the end", "full batches"])
 def test_hogwild_worker_mistakes(wrong, message):
     assert message in fails(lab08.check_hogwild_worker, wrong, Incorrect)
 
@@ -502,7 +528,12 @@ def test_parle_directions_right_passes():
     (lambda g, y, x, z, zm, gamma, rho: g + gamma * (y - x), "return the pair"),
     (lambda g, y, x, z, zm, gamma, rho: ((g + gamma * (y - x)).float(), (gamma * (x - z) + rho * (x - zm)).float()),
      "return two tensors of the inputs' dtype and shape (torch.float64, (3, 4)), got torch.float32"),   # found in review
-], ids=["proximal sign", "elastic to own z", "no gamma at sync", "one direction", "float32"])
+    (lambda g, y, x, z, zm, gamma, rho: (gamma * (y - x), gamma * (x - z) + rho * (x - zm)), "leaves out the loss's"),
+    (lambda g, y, x, z, zm, gamma, rho: (g + gamma * (y - x), gamma * (x - z) + rho * (zm - x)), "away from z_mean"),
+    (lambda g, y, x, z, zm, gamma, rho: (g + gamma * (y - x), gamma * (z - x) + rho * (x - zm)), "away from z:"),
+    (lambda g, y, x, z, zm, gamma, rho: (g + gamma * (y - x), rho * (x - z) + gamma * (x - zm)), "swaps the strengths"),
+], ids=["proximal sign", "elastic to own z", "no gamma at sync", "one direction", "float32", "no loss gradient",
+        "elastic sign", "own z sign", "strengths swapped"])
 def test_parle_directions_mistakes(wrong, message):
     assert message in fails(lab08.check_parle_directions, wrong, Incorrect)
 

@@ -150,10 +150,15 @@ def _average_job(average_weights, world_size_expected, split):
                 raise Wrong(f"rank {rank}: {name} holds the mean over all {p} ranks of MPI.COMM_WORLD, but the "
                             f"communicator you were given, {where}, has {len(members)}: average over `comm`")
             if close(group.sum(0)):
-                raise Wrong(f"rank {rank}: {name} holds the sum over the ranks, not the mean: divide by comm.Get_size()")
+                raise Wrong(f"rank {rank}: {name} holds the sum over the ranks, not the mean: divide by comm.Get_size(), "
+                            f"in place (values /= size; values = values / size makes a new array the model never sees)")
             ratio = (group.sum(0) / got.double()).flatten()
             divisor = ratio[0].item() if torch.isfinite(ratio).all() else float("nan")
-            if abs(divisor - round(divisor)) < 1e-6 and torch.allclose(ratio, ratio[0]) and round(divisor) != len(members):
+            whole = abs(divisor - round(divisor)) < 1e-6 and torch.allclose(ratio, ratio[0])
+            if whole and round(divisor) == p != len(members):
+                raise Wrong(f"rank {rank}: {name} holds the sum over `comm`, {where}, divided by MPI.COMM_WORLD's size, "
+                            f"{p}: divide by the size of the communicator you reduced over, comm.Get_size()")
+            if whole and round(divisor) != len(members):
                 raise Wrong(f"rank {rank}: {name} holds the sum divided by {round(divisor)}, {where}, whose size is "
                             f"{len(members)}: divide by comm.Get_size(), not by a number")
             averaged = lambda key: torch.allclose(mine.state_dict()[key].double(), torch.stack(
@@ -546,7 +551,7 @@ def check_psgd(workers, psgd) -> None:
 # --- 8.3 the Hogwild worker -------------------------------------------------------------------------
 
 
-def _reference_worker(model, x, y, epochs, batch_size, lr, seed, reshuffle=True, shuffle=True):
+def _reference_worker(model, x, y, epochs, batch_size, lr, seed, reshuffle=True, shuffle=True, drop_last=False):
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     generator = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(x), generator=generator)
@@ -555,6 +560,8 @@ def _reference_worker(model, x, y, epochs, batch_size, lr, seed, reshuffle=True,
         if epoch and reshuffle:
             order = torch.randperm(len(x), generator=generator)
         for idx in (order if shuffle else torch.arange(len(x))).split(batch_size):
+            if drop_last and len(idx) < batch_size:
+                continue
             optimizer.zero_grad()
             nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
             optimizer.step()
@@ -625,7 +632,8 @@ def check_hogwild_worker(hogwild_worker) -> None:
         settings = dict(epochs=3, batch_size=4, lr=0.1, seed=5)
         torch.manual_seed(0)
         start = nn.Linear(4, 3, bias=False).double()
-        models = {kind: nn.Linear(4, 3, bias=False).double() for kind in ("yours", "right", "once", "unshuffled")}
+        models = {kind: nn.Linear(4, 3, bias=False).double()
+                  for kind in ("yours", "right", "once", "unshuffled", "full batches")}
         for model in models.values():
             model.load_state_dict(start.state_dict())
         rng_before = torch.random.get_rng_state()
@@ -637,13 +645,16 @@ def check_hogwild_worker(hogwild_worker) -> None:
         want = _reference_worker(models["right"], x, y, **settings)
         _reference_worker(models["once"], x, y, **settings, reshuffle=False)
         _reference_worker(models["unshuffled"], x, y, **settings, shuffle=False)
+        _reference_worker(models["full batches"], x, y, **settings, drop_last=True)
         yours = models["yours"].weight.detach()
         expect(not torch.equal(yours, start.weight), "8.3: the model you were given did not change: train it in "
                                                      "place (a copy of it never reaches the shared memory).")
         for kind, message in (("unshuffled", "you walked the samples in their order: shuffle with "
                                              "torch.randperm(len(x), generator=g) every epoch"),
                               ("once", "you shuffled once and reused that order: draw a new permutation every "
-                                       "epoch from the same generator")):
+                                       "epoch from the same generator"),
+                              ("full batches", "you left out each epoch's last, smaller batch: train on every sample "
+                                               "each epoch (Tensor.split keeps the remainder as a last batch)")):
             expect(not torch.allclose(yours, models[kind].weight.detach(), rtol=0, atol=1e-12), f"8.3: {message}.")
         expect(torch.allclose(yours, models["right"].weight.detach(), rtol=0, atol=1e-12),
                f"8.3: after {settings['epochs']} epochs the weights differ from plain SGD (lr {settings['lr']}, batches "
@@ -970,11 +981,22 @@ def check_parle_directions(parle_directions) -> None:
             want_sync = gamma * (x - z) + rho * (x - z_mean)
             if not torch.allclose(inner, want_inner):
                 flipped = torch.allclose(inner, grad + gamma * (x - y))
+                no_loss = torch.allclose(inner, gamma * (y - x))
                 expect(False, f"8.5 (gamma {gamma}): the inner direction " + (
                     "pulls away from x: the gradient of gamma/2 |y - x|^2 with respect to y is gamma (y - x)."
-                    if flipped else "should be grad + gamma (y - x): the loss's gradient plus the proximal term's."))
+                    if flipped else "leaves out the loss's gradient, grad: the inner steps follow the loss plus the "
+                    "proximal term." if no_loss else
+                    "should be grad + gamma (y - x): the loss's gradient plus the proximal term's."))
             if not torch.allclose(sync, want_sync):
-                own = torch.allclose(sync, gamma * (x - z) + rho * (x - z))
-                expect(False, f"8.5 (gamma {gamma}, rho {rho}): the synchronisation direction " + (
-                    "pulls towards the replica's own average z twice: the elastic term pulls towards the mean "
-                    "over the replicas, z_mean." if own else "should be gamma (x - z) + rho (x - z_mean)."))
+                wrong = {
+                    "pulls towards the replica's own average z twice: the elastic term pulls towards the mean over "
+                    "the replicas, z_mean.": gamma * (x - z) + rho * (x - z),
+                    "pushes x away from z_mean: the gradient of rho/2 |x - z_mean|^2 with respect to x is "
+                    "rho (x - z_mean).": gamma * (x - z) + rho * (z_mean - x),
+                    "pushes x away from z: the gradient of gamma/2 |x - z|^2 with respect to x is gamma (x - z).":
+                        gamma * (z - x) + rho * (x - z_mean),
+                    "swaps the strengths: gamma pulls towards the replica's own z, rho towards the mean z_mean.":
+                        rho * (x - z) + gamma * (x - z_mean)}
+                said = [message for message, value in wrong.items() if torch.allclose(sync, value)]
+                expect(False, f"8.5 (gamma {gamma}, rho {rho}): the synchronisation direction "
+                       + (said[0] if said else "should be gamma (x - z) + rho (x - z_mean)."))
