@@ -169,7 +169,7 @@ def epsilon_sharpness(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tenso
                 for p, w, d in zip(params, start, delta):
                     p.copy_(w + d)
             loss = loss_fn(model(x), y)
-            highest = max(highest, float(loss))
+            highest = max(highest, loss.item())
             grads = torch.autograd.grad(loss, params, allow_unused=True)
             with torch.no_grad():
                 for d, g, h in zip(delta, grads, half):
