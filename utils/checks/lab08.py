@@ -6,9 +6,11 @@ and on a sub-communicator, and refuses mpi4py's pickle-based lower-case methods.
 
 8.2 runs the learner's PSGD loop on the MPI engines, every rank at once (all ranks with K = 3 and K = 1,
 then one-shot on a sub-communicator), on a model that records the samples of every step, with an ``average`` that
-records when it is called and a communicator that records every collective the loop calls itself.
-It compares the weights with ``utils.parallel_sgd.local_sgd`` and names the usual mistakes: averages
-at the wrong steps, gradients averaged, the wrong shard or all the data, another learning rate.
+records when it is called, while every communicating call the loop makes is recorded: on the communicator given,
+on MPI.COMM_WORLD and through torch.distributed (barriers and extra collectives are refused; rank and size
+queries of the world are noted). It compares the weights with ``utils.parallel_sgd.local_sgd`` and names the usual
+mistakes: averages at the wrong steps, gradients averaged, the wrong shard or all the data, the world's rank and
+size instead of the communicator's, another learning rate.
 
 8.3 runs the learner's Hogwild worker twice: alone in this process against a reference with the
 same random order (and torch's global random state left untouched), then in two spawned processes
@@ -18,12 +20,16 @@ records every forward pass. So the check sees that each process trained the shar
 processes ran at the same time (no lock around the steps).
 
 8.4 gives the learner's ``hogwild_train`` a worker that records, in shared memory, each process's
-rank, process id, shard and labels, whether all processes ran at once, whether it was forked, and that
-it ended; it marks the model, so the check sees a copy trained instead of the shared model, processes
-never joined, run one after another or in this process, shards that are equal, overlap, miss samples,
-are consecutive blocks or come without their own labels, a number of processes other than the one asked,
-and (in a second run of 3 processes, where the middle one dies) a failure passed over in silence, or
-raised without naming the process. Forked processes are named last.
+rank, process id, shard and labels, whether all processes ran at once, and whether it was forked; it
+marks the model, so the check sees a copy trained instead of the shared model, processes never joined,
+run one after another or in this process, shards that are equal, overlap, miss samples, are consecutive
+blocks or strided or come without their own labels, a number of processes other than the one asked (5
+processes on 12 samples, where torch.chunk gives 4 pieces), and (in a second run of 3 processes, where
+the middle one dies and the last lives until it is joined) a failure passed over in silence, raised
+without naming the process, or raised before the others were joined. While the learner's function runs,
+Process.start, join and is_alive are watched in this process: a join (or is_alive) before all processes
+started ends their wait for one another, and a join with a short timeout holds its process alive past
+the timeout, so a process still running is not taken for one that ended. Forked processes are named last.
 """
 from __future__ import annotations
 
