@@ -1,12 +1,15 @@
 """How a data-parallel step scales with the number of workers: measured on the engines, and predicted.
 Taught in lab 06 (section 3).
 
-``time_scaling`` runs on every engine at once. For each k = 1 .. world size it times, on ranks
-0 .. k-1 together (the others wait at a barrier), one training step of a DDP model on a subgroup of k
-ranks, and the same step of the bare model (the computation alone), for each per-rank batch asked
-for. ``time_ddp_against_bare`` does that timing, for lab 04's ``utils.ddp_costs`` too.
-``ddp_bucket_bytes`` and ``predicted_comm_seconds`` predict the communication from lab 03's
-alpha-beta model and DDP's buckets.
+``time_scaling`` runs on every engine at once. For each k asked for (``worker_counts``: every k up to
+the cores, at most 8, that divides the global batch) it times, on ranks 0 .. k-1 together (the others
+wait at a barrier), one training step of a DDP model on a subgroup of k ranks and the same step of the
+bare model (the computation alone), in turns, for each per-rank batch asked for; a step that two
+series share (k = 1 of strong and weak scaling) is timed once. ``time_ddp_against_bare`` does that
+timing, for lab 04's ``utils.ddp_costs`` too. ``ddp_bucket_bytes`` and ``predicted_comm_seconds``
+predict the communication from lab 03's alpha-beta model and DDP's buckets, ``predicted_step_ms`` the
+step; ``speedup_verdict`` judges a speed-up through ``utils.outcomes``. ``recorded_runs`` and
+``plot_recorded`` read and draw benchmarks/bench_lab06_scaling.py's recordings (a core per worker).
 """
 from __future__ import annotations
 
