@@ -30,6 +30,7 @@ says so.
 from __future__ import annotations
 
 import datetime
+import os
 import inspect
 import sys
 import time
@@ -41,7 +42,7 @@ from pathlib import Path
 import torch
 
 from . import expect
-from .. import cluster
+from .. import cluster, config
 
 GROUP_TIMEOUT = 10.0  # seconds a rank of the check's own process group waits for a message
 _HERE = str(Path(__file__).resolve().parent)
@@ -266,15 +267,25 @@ def prepare(workers, fn, name: str, own_collectives: bool = False) -> None:
                       f"({getattr(error, 'evalue', error)}). {_RESTART}")
 
 
+def _load_factor() -> float:
+    """How many times slower than on an idle machine the engines may run now (1 to 6): the load average
+    over the cores. A right answer on a loaded machine must not be refused for being slow."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 1.0
+    return min(6.0, max(1.0, load / config.real_cores()))
+
+
 def _group_timeout(workers) -> float:
-    return min(float(workers.timeout), GROUP_TIMEOUT)
+    return min(float(workers.timeout), GROUP_TIMEOUT * _load_factor())
 
 
 def run_case(workers, name: str, job, fn, args: tuple, case: str, hint: str = "") -> list:
     """Run ``_on_rank(job, fn, *args)`` on every rank; raise in the notebook if any rank failed,
     else return what the job returned on each rank, in rank order."""
     waited_s = _group_timeout(workers)
-    limit = waited_s + 10  # a rank blocked in torch.distributed gives up after waited_s
+    limit = waited_s + 10 * _load_factor()  # a rank blocked in torch.distributed gives up after waited_s
     try:
         shipped = _ByValue(fn) if isinstance(fn, type) else fn
         pending = [workers.client[engine].apply_async(_on_rank, job, shipped, *args) for engine in workers.view.targets]
