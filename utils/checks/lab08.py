@@ -546,11 +546,14 @@ def check_psgd(workers, psgd) -> None:
     name = "8.2"
     with exercise(name):
         prepare(workers, psgd, name)
-        run_case(workers, name, _psgd_job, psgd, (29, 7, 4, 0.037, 3, 4, False),
-                 f"{workers.n} ranks, 29 samples, 7 steps of 4 samples, an average every 3 steps")
-        run_case(workers, name, _psgd_job, psgd, (17, 3, 2, 0.05, 1, 2, False),
+        # sample counts that no rank count divides, with every shard at least one batch at 8 or 16 ranks
+        # (a rank whose shard is shorter than a batch raises in worker_batches while the others wait in MPI)
+        n_period, n_sync, n_oneshot = max(29, 4 * workers.n + 5), max(17, 2 * workers.n + 3), max(23, workers.n + 7)
+        run_case(workers, name, _psgd_job, psgd, (n_period, 7, 4, 0.037, 3, 4, False),
+                 f"{workers.n} ranks, {n_period} samples, 7 steps of 4 samples, an average every 3 steps")
+        run_case(workers, name, _psgd_job, psgd, (n_sync, 3, 2, 0.05, 1, 2, False),
                  f"{workers.n} ranks, synchronous SGD (sync_every = 1), 3 steps of 2 samples")
-        run_case(workers, name, _psgd_job, psgd, (23, 5, 2, 0.05, 5, 1, True),
+        run_case(workers, name, _psgd_job, psgd, (n_oneshot, 5, 2, 0.05, 5, 1, True),
                  "one-shot averaging (sync_every = steps = 5) on a sub-communicator made by comm.Split")
 
 
