@@ -16,9 +16,10 @@ def test_bench_lab08_psgd_quick(tmp_path):
     record = json.loads(out.read_text())
     assert record["complete"] and record["machine"]["cores"] >= 1
     assert record["settings"]["schema"] == 2
-    # K = 1: P x lr, reached by a warm-up; one-shot keeps lr, and is measured during training too
-    assert [(r["workers"], r["period"], r["lr"], r["warmup_steps"]) for r in record["runs"]] == \
-        [(2, "1", 0.2, 5), (2, "one-shot", 0.1, 0)]
+    # K = 1: sqrt(P) x lr, reached by a warm-up; one-shot keeps lr, and is measured during training too
+    assert record["settings"]["k1_rule"] == "sqrt"
+    assert [(r["workers"], r["period"], round(r["lr"], 6), r["warmup_steps"]) for r in record["runs"]] == \
+        [(2, "1", round(0.1 * 2 ** 0.5, 6), 5), (2, "one-shot", 0.1, 0)]
     for run in record["runs"]:
         assert 0 <= run["accuracy"] <= 1 and run["seconds"] > 0 and len(run["times"]) == len(run["accuracies"])
         assert run["steps"] == [10, 20], "measured every steps // evals steps, one-shot included"
