@@ -25,6 +25,14 @@ import torch
 from torch import nn
 
 
+def _trainable(model, why_needed: str) -> list:
+    """The parameters that require grad; a ValueError that says why some are needed when there are none."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError(f"the model has no parameter that requires grad: {why_needed}")
+    return params
+
+
 def _device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
@@ -89,9 +97,7 @@ def top_hessian_eigenvalue(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.
     """
     if iters < 1:
         raise ValueError(f"iters must be >= 1, got {iters}")
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError("the model has no parameter that requires grad: there is no Hessian to take")
+    params = _trainable(model, "there is no Hessian to take")
     device = _device(model)
     generator = torch.Generator().manual_seed(seed)
     # Drawn on the CPU so that the same seed gives the same start vector on every device.
@@ -149,9 +155,7 @@ def epsilon_sharpness(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tenso
         raise ValueError(f"epsilon must be > 0, got {epsilon!r} (Keskar et al.'s boxes are of the order of 1e-3)")
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError("the model has no parameter that requires grad: there is no box to search")
+    params = _trainable(model, "there is no box to search")
     device = _device(model)
     x, y = x.to(device), y.to(device)
     generator = torch.Generator().manual_seed(seed)
