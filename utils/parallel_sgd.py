@@ -134,7 +134,7 @@ def warmup_lr(step: int, lr: float, peak_lr: float, warmup_steps: int) -> float:
     """The learning rate of step ``step`` (counted from 1) under Goyal et al.'s (2017) gradual warm-up:
     ``lr`` at step 1, rising linearly to ``peak_lr`` at step ``warmup_steps + 1``, then ``peak_lr``.
     ``warmup_steps=0``: ``peak_lr`` from the first step. Lab 08 ramps synchronous SGD (K = 1) from the
-    one-worker rate to P times it, as lab 07 teaches."""
+    one-worker rate to sqrt(P) times it (P times it ended at chance on some seeds from P = 4 on)."""
     if warmup_steps < 0 or step < 1:
         raise ValueError(f"need step >= 1 and warmup_steps >= 0, got step {step} and warmup_steps {warmup_steps}")
     if warmup_steps == 0:
