@@ -322,7 +322,8 @@ def test_replicas_skipping_a_collective_on_one_rank_is_reported_not_hung(workers
             dist.all_gather(copies, torch.ones(1))
         return True
     message = fails(lambda f: lab04.check_replicas_equal(workers, f), only_rank_zero_gathers, Incorrect)
-    assert "waited 10 s for a message that never came" in message
+    # the check waits 10 s on an idle machine, longer under load (utils.checks.engines._load_factor)
+    assert re.search(r"waited \d+ s for a message that never came", message), message
     lab04.check_replicas_equal(workers, replicas_equal)  # the cluster still works
 
 

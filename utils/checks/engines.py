@@ -278,7 +278,7 @@ def _load_factor() -> float:
 
 
 def _group_timeout(workers) -> float:
-    return min(float(workers.timeout), GROUP_TIMEOUT * _load_factor())
+    return min(float(workers.timeout), float(round(GROUP_TIMEOUT * _load_factor())))
 
 
 def run_case(workers, name: str, job, fn, args: tuple, case: str, hint: str = "") -> list:
