@@ -397,11 +397,14 @@ def test_the_labs_worker_count_divides_the_global_batch_on_any_core_count():
 
     lines = [line for c in nbformat.read(LAB, as_version=4).cells if c.cell_type == "code"
              for line in c.source.splitlines()]
-    wanted = [next(line for line in lines if line.startswith(start)) for start in ("N = ", "JOB = dict(", "GLOBAL, ")]
+    wanted = [next(line for line in lines if line.startswith(start))
+              for start in ("KS = ", "N = ", "JOB = dict(", "GLOBAL, ")]
+    from utils import scaling
+
     for quick in (True, False):
         for cores in range(1, 65):
             names = {"config": SimpleNamespace(pick=lambda q, f: q if quick else f), "CORES": cores,
-                     "TRAIN_SIZE": 1, "TEST_SIZE": 1}
+                     "TRAIN_SIZE": 1, "TEST_SIZE": 1, "scaling": scaling}
             exec("\n".join(wanted), names)
             for nproc in {1, 2, names["N"]}:
                 assert names["JOB"]["global_batch"] % nproc == 0, (quick, cores, nproc)
