@@ -7,13 +7,16 @@ For each ``.ipynb`` (sorted by name), the grader rebuilds the notebook around th
 (``assessment.submission``), runs it behind the sandbox's boundary (``assessment.sandbox``), runs the
 learner's torchrun script on a tiny problem in another sandbox (``assessment.job``: 2 processes, 3 on
 two simulated nodes, one rank failing, a batch to refuse), then judges what came back and evaluates
-the saved checkpoints (``assessment.model_file``) in this process, on held-out images drawn with a seed
-made here and never written anywhere. The sandboxes see the grading view of the learner bundle
-(``utils.release``), never this repository.
+the saved checkpoints (``assessment.model_file``) on held-out images drawn with a seed made here and
+never written anywhere. Reading the handed-in notebook and judging what came back run in a child
+process with its own time and memory limits (``assessment.judging``), never in the grader's: a
+submission that makes judging slow or huge gets a zero row saying so, and the batch goes on. The
+sandboxes see the grading view of the learner bundle (``utils.release``), never this repository.
 Writes ``grades.csv`` (one row per submission, one column per criterion, ``total``, ``max_total``,
 empty columns for the written answers; rewritten after every submission), ``feedback/NAME.md`` and
-``executed/NAME.ipynb``. Any error while grading one submission is that submission's row (0 points,
-with the reason) and the batch goes on; the exit status is then 1 and the rows are named.
+``executed/NAME.ipynb`` (outputs reduced to text and images, no trust mark: see ``inert``). Any
+error of the grader's own while grading one submission is that submission's row (0 points, with the
+reason) and the batch goes on; the exit status is then 1 and the rows are named.
 
 Where bwrap cannot make the boundary, the grader refuses untrusted work and says what to install;
 ``--trust-submissions`` grades anyway, for a learner checking their own notebook.
@@ -24,6 +27,7 @@ import argparse
 import csv
 import functools
 import os
+import re
 import secrets
 import shutil
 import sys
@@ -36,8 +40,7 @@ from pathlib import Path
 
 import nbformat
 
-from . import job, sandbox
-from .submission import SubmissionError, restore
+from . import job, judging, sandbox
 
 COURSE = "/course"   # where the sandboxes see the grading view of the learner bundle
 
@@ -160,6 +163,10 @@ def grade_one(path: Path, out: Path, options: argparse.Namespace) -> Grade:
     grade.points = {name: 0 for name in _criteria()}
     try:
         _grade(path, out, options, grade)
+    except judging.JudgingError as error:   # the submission's files made judging slow, huge or crash
+        grade.points = {name: 0 for name in _criteria()}
+        grade.reasons = {name: f"{error}: what your notebook or script left could not be judged within the grader's "
+                               f"limits" for name in _criteria()}
     except Exception as error:  # noqa: BLE001 - one submission must never cost the class its grades
         grade.points = {name: 0 for name in _criteria()}
         grade.failed = f"the grader could not grade this notebook: {type(error).__name__}: {error}"[:500]
@@ -174,70 +181,158 @@ def grade_one(path: Path, out: Path, options: argparse.Namespace) -> Grade:
 
 
 def _grade(path: Path, out: Path, options: argparse.Namespace, grade: Grade) -> None:
+    """Run the submission's two sandboxes; everything that reads what it handed in or what they returned
+    runs in ``judging``'s limited child process, never here."""
     from . import settings
     criteria = _criteria()
-    try:
-        submission = restore(path)
-    except SubmissionError as error:
-        grade.reasons = {name: str(error) for name in criteria}
-        return
-    grade.notes = submission.notes
     scratch = Path(tempfile.mkdtemp(prefix="course-grade-"))   # private to the grader (0700)
     try:
+        work, ran, job_work, job_out = (scratch / name for name in ("notebook", "notebook-out", "job", "job-out"))
+        work.mkdir(), job_work.mkdir()
+        prepared = judging.call("prepare", str(path), str(work / "submission.ipynb"), str(job_work / settings.JOB_FILE),
+                                seconds=options.judge_timeout)
+        if prepared["refused"]:
+            grade.reasons = {name: prepared["refused"] for name in criteria}
+            return
+        grade.notes = list(prepared["notes"])
         env = {"COURSE_QUICK": "1" if options.quick else "0", "PYTHONPATH": options.course}
         view = {options.course_dir: options.course} if options.course_dir else None
-        work, ran = scratch / "notebook", scratch / "notebook-out"
-        work.mkdir()
-        nbformat.write(without_checks(submission.restored), work / "submission.ipynb")
         command = [sys.executable, "-m", "assessment.run_notebook", "submission.ipynb", "executed.ipynb",
-                   "status.json", str(options.cell_timeout)]
+                   str(options.cell_timeout)]
         checkpoints = [f"{settings.CHECKPOINT_DIR}/{settings.checkpoint_name(e)}" for e in range(1, settings.EPOCHS + 1)]
         records = [f"{settings.RECORD_DIR}/rank{r}.json" for r in range(settings.WORKERS)]
-        result = sandbox.run(command, work, ["executed.ipynb", "status.json", *checkpoints, *records], ran,
+        result = sandbox.run(command, work, ["executed.ipynb", *checkpoints, *records], ran,
                              sandbox.Limits(wall_s=options.notebook_timeout), env, options.mode, view)
-        status = _status(ran / "status.json")
-        grade.ran = result.returncode == 0 and not result.timed_out and (ran / "executed.ipynb").exists()
-        run_problem = _run_problem(status, result, options)
-        errors = status.get("cell_errors", [])
-        grade.notes += [f"cell {e['cell']} raised {e['message']}" for e in errors[:5]]
-        if len(errors) > 5:
-            grade.notes.append(f"... and {len(errors) - 5} more cells raised errors")
-        if (ran / "executed.ipynb").exists():
-            (out / "executed").mkdir(parents=True, exist_ok=True)
-            shutil.copy(ran / "executed.ipynb", out / "executed" / f"{safe_name(path.stem)}.ipynb")
-
-        job_work, job_out = scratch / "job", scratch / "job-out"
-        job_work.mkdir()
-        (job_work / settings.JOB_FILE).write_text(job_script(submission.restored))
+        if result.failure:  # not the submission's doing: the instructor must see it
+            print(f"grader: {result.failure}", file=sys.stderr)
         seed = secrets.randbelow(2**31)   # the tiny job's shuffles and initial weights: new for every submission
         keep = [f"results/{name}" for scenario in job.SCENARIOS for name in job.files(scenario)]
         ran_job = sandbox.run([sys.executable, "-m", "assessment.job", settings.JOB_FILE, "results", str(seed)],
                               job_work, keep, job_out, sandbox.Limits(wall_s=options.job_timeout), env, options.mode, view)
         if ran_job.failure:
             print(f"grader: {ran_job.failure}", file=sys.stderr)
-            verdicts = {name: f"the grader could not run your script (not your code's fault; tell your "
-                              f"instructor): {ran_job.failure}" for name in JUDGED}
-        else:
-            verdicts = job.judge(job_out, seed, load_job_state)   # a scenario cut off by the time limit fails its criterion
-        for name, reason in verdicts.items():
+        (out / "executed").mkdir(parents=True, exist_ok=True)
+        run = {"returncode": result.returncode, "timed_out": result.timed_out, "failure": result.failure,
+               "timeout": options.notebook_timeout}
+        judged = judging.call("judge", str(ran), run, str(job_out), seed, ran_job.failure, secrets.randbelow(2**31),
+                              str(out / "executed" / f"{safe_name(path.stem)}.ipynb"), seconds=options.judge_timeout)
+        grade.ran = judged["ran"]
+        grade.notes = ([judged["run_problem"]] if judged["run_problem"] else []) + grade.notes + judged["notes"]
+        for name, reason in judged["verdicts"].items():
             grade.points[name] = criteria[name][0] if reason is None else 0
             if reason:
                 grade.reasons[name] = reason
-
-        reached, why = judge_checkpoints(ran, secrets.randbelow(2**31))   # kept files come back by base name
-        if reached and (unlike := job.judge_counted_run(ran)):    # they count only from a run at the assessment's settings
-            reached, why = False, f"{why}; but they do not count: {unlike}"
-        if not reached:
-            grade.reasons["target"] = f"{run_problem}; {why}" if run_problem else why
-        elif (over := _over_time_budget(result.seconds, options)) is not None:
-            grade.reasons["target"] = over
-        else:
-            grade.points["target"] = criteria["target"][0]
-            grade.reasons["target"] = why
-        if run_problem:
-            grade.notes.insert(0, run_problem)
+        reached, why = judged["target"]
+        if reached and (over := _over_time_budget(result.seconds, options)) is not None:
+            reached, why = False, over
+        grade.points["target"] = criteria["target"][0] if reached else 0
+        grade.reasons["target"] = why
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def judge_returned(ran: str, run: dict, job_out: str, job_seed: int, job_failure: str, eval_seed: int,
+                   executed_to: str) -> dict:
+    """Every verdict on what the two sandboxes returned (``judging``'s child runs this, under its limits):
+    the job's criteria from its scenarios' files, the target from the run that counts' checkpoints and
+    records, the run's report from the final executed notebook, which is written to ``executed_to``
+    without active content."""
+    ran = Path(ran)
+    executed = _read_notebook(ran / "executed.ipynb")
+    status = run_status(executed, run)
+    if executed is not None:
+        Path(executed_to).write_text(nbformat.writes(inert(executed)), encoding="utf-8", errors="replace")
+    errors = status["cell_errors"]
+    notes = [f"cell {e['cell']} raised {e['message']}" for e in errors[:5]]
+    if len(errors) > 5:
+        notes.append(f"... and {len(errors) - 5} more cells raised errors")
+    if job_failure:
+        verdicts = {name: f"the grader could not run your script (not your code's fault; tell your instructor): "
+                          f"{job_failure}" for name in JUDGED}
+    else:
+        verdicts = job.judge(Path(job_out), job_seed, load_job_state)   # a scenario cut off by the time limit fails
+    reached, why = judge_checkpoints(ran, eval_seed)   # kept files come back by base name
+    if reached and (unlike := job.judge_counted_run(ran)):    # they count only from a run at the assessment's settings
+        reached, why = False, f"{why}; but they do not count: {unlike}"
+    problem = status["problem"]
+    if not reached and problem:
+        why = f"{problem}; {why}"
+    cut = functools.partial(_cut, limit=2000)
+    return {"ran": status["completed"] and executed is not None and not run["timed_out"],
+            "run_problem": cut(problem), "notes": [cut(n) for n in notes],
+            "verdicts": {k: None if v is None else cut(v) for k, v in verdicts.items()}, "target": [reached, cut(why)]}
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + " [...]"
+
+
+def _read_notebook(path: Path) -> nbformat.NotebookNode | None:
+    """The executed notebook the sandbox returned, or None where there is none or it does not parse."""
+    if not path.is_file():
+        return None
+    try:
+        return nbformat.reads(path.read_text(encoding="utf-8", errors="replace"), as_version=4)
+    except Exception:  # noqa: BLE001 - written in the sandbox: anything unreadable is no notebook
+        return None
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]{0,20}[A-Za-z]")
+SAFE_OUTPUTS = ("text/plain", "image/png", "image/jpeg")   # what an executed notebook keeps: nothing that runs
+
+
+def inert(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The executed notebook as the instructor gets it: outputs reduced to text and raster images (no HTML,
+    JavaScript, SVG, Markdown or widget views), no widget state, no trust marks, no attachments."""
+    nb.metadata.pop("widgets", None)
+    nb.metadata.pop("signature", None)
+    for cell in nb.cells:
+        cell.metadata.pop("trusted", None)
+        cell.pop("attachments", None)
+        if cell.cell_type != "code":
+            continue
+        kept = []
+        for output in cell.get("outputs", []):
+            if "data" in output:
+                output["data"] = {k: v for k, v in output["data"].items() if k in SAFE_OUTPUTS}
+                output["metadata"] = {k: v for k, v in output.get("metadata", {}).items() if k in SAFE_OUTPUTS}
+                if not output["data"]:
+                    continue
+            kept.append(output)
+        cell.outputs = kept
+    return nb
+
+
+def run_status(nb: nbformat.NotebookNode | None, run: dict) -> dict:
+    """The notebook run's report, made here from the sandbox's result (exit status, time-out) and the final
+    executed notebook: whether every cell ran, why not, and the cells that raised (their error outputs)."""
+    if run["failure"]:
+        problem = (f"the grader could not run your notebook (not your code's fault; tell your instructor): "
+                   f"{run['failure']}")
+    elif run["timed_out"]:
+        problem = f"the notebook did not finish within {run['timeout']} s and was stopped"
+    elif nb is None:
+        problem = "the notebook run ended without a report (the process was killed, e.g. by a resource limit)"
+    else:
+        problem = ""
+    facts = nb.metadata.get("course_run") if nb is not None else None
+    facts = facts if isinstance(facts, dict) else {}
+    error = facts.get("error") if isinstance(facts.get("error"), dict) else None
+    if not problem and (run["returncode"] != 0 or error):
+        where = f" in cell {str(error.get('cell'))[:40]}" if error and error.get("cell") else ""
+        message = str(error.get("message"))[:300] if error else f"the runner ended with status {run['returncode']}"
+        problem = f"the notebook stopped{where}: {message}"
+    errors = [{"cell": str(cell.get("id"))[:40], "message": _error_message(out)} for cell in (nb.cells if nb else [])
+              if cell.cell_type == "code" for out in cell.get("outputs", []) if out.get("output_type") == "error"]
+    return {"completed": run["returncode"] == 0 and not problem, "problem": problem, "cell_errors": errors}
+
+
+def _error_message(error) -> str:
+    """An error output in words; for a %%px cell, the engines' own error (utils.px's RankError names the ranks)."""
+    if error.get("ename") == "RankError":
+        first = (_ANSI.sub("", str(error.get("evalue") or "")[:2000]).splitlines() or [""])[0]
+        return f"(on the engines) {first}"[:300]
+    return f"{str(error.get('ename'))[:100]}: {str(error.get('evalue'))[:2000]}"[:300]
 
 
 def without_checks(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -246,41 +341,6 @@ def without_checks(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     nb = nbformat.from_dict(nb)
     nb.cells = [c for c in nb.cells if not (c.cell_type == "code" and "check_job(" in c.source)]
     return nb
-
-
-def _status(path: Path) -> dict:
-    """The notebook runner's report: written inside the sandbox, so only its well-formed parts are kept,
-    for the feedback's notes (no point and no time depends on it)."""
-    import json
-    try:
-        raw = json.loads(path.read_text()[:1 << 20])
-    except (OSError, ValueError, RecursionError):
-        return {}
-    if not isinstance(raw, dict):
-        return {}
-    status = {"completed": raw.get("completed") is True}
-    error = raw.get("error")
-    if isinstance(error, dict):
-        status["error"] = {k: str(error.get(k, ""))[:300] for k in ("cell", "message")}
-    errors = raw.get("cell_errors")
-    if isinstance(errors, list):
-        status["cell_errors"] = [{k: str(e.get(k, ""))[:300] for k in ("cell", "message")}
-                                 for e in errors[:50] if isinstance(e, dict)]
-    return status
-
-
-def _run_problem(status: dict, result: sandbox.Result, options) -> str:
-    if result.failure:  # not the submission's doing: the instructor must see it
-        print(f"grader: {result.failure}", file=sys.stderr)
-        return f"the grader could not run your notebook (not your code's fault; tell your instructor): {result.failure}"
-    if result.timed_out:
-        return f"the notebook did not finish within {options.notebook_timeout} s and was stopped"
-    if not status:
-        return "the notebook run ended without a report (the process was killed, e.g. by a resource limit)"
-    error = status.get("error")
-    if error:
-        return f"the notebook stopped in cell {error.get('cell')}: {error.get('message')}"
-    return ""
 
 
 def _over_time_budget(seconds: float, options) -> str | None:
@@ -309,7 +369,7 @@ def _instructor_seconds(options) -> float | None:
         nbformat.write(without_checks(nbformat.read(INSTRUCTOR, as_version=4)), scratch / "notebook" / "submission.ipynb")
         env = {"COURSE_QUICK": "1" if options.quick else "0", "PYTHONPATH": options.course}
         result = sandbox.run([sys.executable, "-m", "assessment.run_notebook", "submission.ipynb", "executed.ipynb",
-                              "status.json", str(options.cell_timeout)], scratch / "notebook", [], scratch / "out",
+                              str(options.cell_timeout)], scratch / "notebook", [], scratch / "out",
                              sandbox.Limits(wall_s=options.notebook_timeout), env, options.mode,
                              {options.course_dir: options.course} if options.course_dir else None)
         return result.seconds if result.returncode == 0 else None
@@ -377,6 +437,8 @@ def main(argv=None) -> int:
     parser.add_argument("--notebook-timeout", type=int, default=1800, help="seconds the whole notebook may run")
     parser.add_argument("--job-timeout", type=int, default=700,
                         help="seconds the runs of the learner's script on the tiny problem may take, all four together")
+    parser.add_argument("--judge-timeout", type=float, default=judging.SECONDS,
+                        help="seconds each judging step may take (it reads what a submission left, in a child process)")
     parser.add_argument("--trust-submissions", action="store_true",
                         help="grade without the sandbox's boundary where it cannot be made: only for your own notebook")
     options = parser.parse_args(argv)

@@ -38,6 +38,8 @@ SCENARIOS = {   # name: (processes per node, settings changed, rank that fails, 
 }
 CRITERION = {"two": "job", "three": "job", "failure": "failure", "refusal": "refusal"}
 MAX_FILE = 4 << 20     # bytes read from any file the sandbox returns: a record, the output, the exit code
+MAX_TEXT = 4000        # characters kept of any text in a record (an error message) before anything parses it
+MAX_OUTPUT = 200_000   # characters kept of a run's output (its end), before anything searches it
 
 
 def job_check(seed: int) -> JobCheck:
@@ -85,7 +87,7 @@ def _returned(folder: Path, scenario: str) -> tuple:
         raise Incorrect(f"A.1: the check of your script ({scenario}) did not finish within the grader's time limit")
     code_text = _read(code_file).strip()
     code = None if code_text == "timeout" else int(code_text)
-    output = _read(folder / f"{scenario}_output.txt") if (folder / f"{scenario}_output.txt").is_file() else ""
+    output = _read(folder / f"{scenario}_output.txt")[-MAX_OUTPUT:] if (folder / f"{scenario}_output.txt").is_file() else ""
     return code, output, _records(folder, f"{scenario}_", nproc)
 
 
@@ -95,11 +97,28 @@ def _records(folder: Path, prefix: str, nproc: int) -> dict:
     for rank in range(nproc):
         path = folder / f"{prefix}rank{rank}.json"
         if path.is_file():
-            record = json.loads(_read(path))
+            record = _cut_texts(json.loads(_read(path)))
             if not isinstance(record, dict) or str(record.get("rank")) != str(rank):
                 raise ValueError(f"rank {rank}'s record is not a record of rank {rank}")
             records[rank] = record
     return records
+
+
+def _cut_texts(value):
+    """``value`` with every string in it cut to MAX_TEXT characters (walked without recursion: hostile input)."""
+    cut = lambda v: v[:MAX_TEXT] if isinstance(v, str) else v   # noqa: E731
+    value = cut(value)
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key in list(item):
+                item[key] = cut(item[key])
+                stack.append(item[key])
+        elif isinstance(item, list):
+            item[:] = [cut(v) for v in item]
+            stack.extend(item)
+    return value
 
 
 def judge(folder: Path, seed: int, load_state) -> dict[str, str | None]:

@@ -1,17 +1,23 @@
 """Executes a restored submission inside the sandbox and records, cell by cell, what happened.
 
-    python -m assessment.run_notebook IN.ipynb OUT.ipynb STATUS.json CELL_TIMEOUT_S
+    python -m assessment.run_notebook IN.ipynb OUT.ipynb CELL_TIMEOUT_S
 
 Every cell runs, even after one fails, as nbgrader does: a failing check must not cost the run that
-counts. STATUS.json lists every cell that ran (id, seconds) and the cells that failed; it runs inside
-the sandbox, so the grader takes it as the learner's own report, for the feedback's notes only (no
-point and no time budget depends on it). Outputs are capped, display updates included: a cell that
-prints without end fills OUT.ipynb with at most ``OUTPUT_CAP`` bytes, not the grader's memory.
+counts. The run's own facts (completed or why not, each cell's seconds, output bytes dropped) go into
+OUT.ipynb's metadata (``course_run``) and the exit status (0: every cell ran); the grader derives its
+report from those and from the cells' error outputs. Outputs are capped, display updates included: a
+cell that prints without end fills OUT.ipynb with at most ``OUTPUT_CAP`` bytes, not the grader's memory.
+
+Inside the grader's sandbox (its supervisor, PID 1, is this process's parent) the runner makes itself
+non-dumpable, so the learner's processes (same uid) can neither trace it nor open its files, and
+before it writes OUT.ipynb it ends every other process of the sandbox: what the grader gets back is
+what the run produced, not what a process left behind rewrote afterwards.
 """
 from __future__ import annotations
 
 import json
-import re
+import os
+import signal
 import sys
 import time
 
@@ -22,6 +28,8 @@ from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from utils.course import project_kernel_manager
 
 OUTPUT_CAP = 2 << 20  # bytes of outputs kept per notebook
+SUPERVISED = "COURSE_SANDBOX_SUPERVISED"   # set by the sandbox's supervisor for the command it runs
+EXIT_INCOMPLETE = 3   # some cell never ran (a cell timed out, the kernel died, the runner failed)
 
 
 class CappedClient(NotebookClient):
@@ -58,44 +66,65 @@ class CappedClient(NotebookClient):
             record["seconds"] = round(time.monotonic() - start, 3)
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+def _supervised() -> bool:
+    """Whether this runner is the command of the grader's sandbox (never true on a learner's own machine)."""
+    return os.environ.get(SUPERVISED) == "1" and os.getppid() == 1 and os.getpid() != 1
 
 
-def _error_message(cell, error) -> str:
-    """The error in words; for a %%px cell, the engines' own error (utils.px's RankError names the ranks)."""
-    if error.get("ename") == "RankError":
-        first = (_ANSI.sub("", str(error.get("evalue") or "")).splitlines() or [""])[0]
-        return f"(on the engines) {first}"[:300]
-    return f"{error.get('ename')}: {error.get('evalue')}"[:300]
+def _end_other_processes(seconds: float = 30) -> None:
+    """SIGKILL every process of the sandbox's PID namespace but its supervisor and this one, until none is
+    left (zombies aside: they run nothing). kill(-1) spares PID 1 and the caller."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:   # this runner's own children (the kernel)
+                pass
+        except ChildProcessError:
+            pass
+        if not [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid()) and not _zombie(p)]:
+            return
+        time.sleep(0.05)
 
 
-def main(argv=None) -> None:
-    source, target, status_file, cell_timeout = (argv or sys.argv[1:])[:4]
+def _zombie(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return True   # gone already
+
+
+def main(argv=None) -> int:
+    source, target, cell_timeout = (argv or sys.argv[1:])[:3]
+    if _supervised():
+        import ctypes
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE 0: no ptrace, no /proc/<pid>/fd for the kernel
     nb = nbformat.read(source, as_version=4)
     client = CappedClient(nb, km=project_kernel_manager(), timeout=int(cell_timeout), allow_errors=True,
                           resources={"metadata": {"path": "."}})
-    status = {"completed": False, "error": None}
+    run = {"completed": False, "error": None}
     try:
         client.execute(cleanup_kc=True)
-        status["completed"] = True
+        run["completed"] = True
     except CellTimeoutError:
-        status["error"] = {"kind": "timeout", "message": f"a cell ran longer than {cell_timeout} s"}
+        run["error"] = {"kind": "timeout", "message": f"a cell ran longer than {cell_timeout} s"}
     except DeadKernelError:
-        status["error"] = {"kind": "dead_kernel", "message": "the kernel died (a cell exited the process or crashed it)"}
+        run["error"] = {"kind": "dead_kernel", "message": "the kernel died (a cell exited the process or crashed it)"}
     except Exception as error:  # the grader must learn why, whatever it was
-        status["error"] = {"kind": "runner", "message": f"{type(error).__name__}: {error}"[:500]}
-    if status["error"] and client.cells:
-        status["error"]["cell"] = client.cells[-1]["id"]
-    status["cells"], status["dropped_output_bytes"] = client.cells, client.dropped
-    # Every cell runs even after one fails (a wrong check must not cost the run that counts);
-    # the errors are listed for the feedback.
-    status["cell_errors"] = [{"cell": cell.get("id"), "message": _error_message(cell, out)}
-                             for cell in nb.cells if cell.cell_type == "code"
-                             for out in cell.get("outputs", []) if out.get("output_type") == "error"]
+        run["error"] = {"kind": "runner", "message": f"{type(error).__name__}: {error}"[:500]}
+    if run["error"] and client.cells:
+        run["error"]["cell"] = client.cells[-1]["id"]
+    run["cells"], run["dropped_output_bytes"] = client.cells, client.dropped
+    if _supervised():
+        _end_other_processes()
+    nb.metadata["course_run"] = run
     nbformat.write(nb, target)
-    with open(status_file, "w") as f:
-        json.dump(status, f)
+    return 0 if run["completed"] else EXIT_INCOMPLETE
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -22,8 +22,9 @@ What a command sees (``isolation_mode() == "bwrap"``):
 
 The files named in ``keep`` come back as a tar stream on the command's standard output, read by the
 grader up to a cap: nothing in the sandbox can write a host file. Everything that comes back is
-untrusted data. When the run ends, bwrap's PID 1 exits and the kernel kills every process left in
-the namespace. Without bwrap or user namespaces ``isolation_mode()`` is "none": the grader then
+untrusted data. When the command ends, its supervisor (PID 1) kills every other process of the
+namespace and reaps them all before it reads a kept file, so no leftover process can rewrite what comes
+back. Without bwrap or user namespaces ``isolation_mode()`` is "none": the grader then
 refuses to grade untrusted work (``run`` with ``mode="none"`` is for a learner grading their own).
 """
 from __future__ import annotations
@@ -239,17 +240,30 @@ class _Launch:
 
 # Runs inside as PID 1, the command's parent: non-dumpable (the submission, same uid, cannot read its
 # memory, open its fds or ptrace it), it reaps orphans, the command's own output goes nowhere, and at the
-# end the kept files go to standard output as a tar stream (a submission can only forge its own results).
-# When it exits, the kernel ends every process left in the namespace.
+# end, once every other process of the namespace is dead, the kept files go to standard output as a tar
+# stream (a submission can only forge its own results).
 _SUPERVISOR = r"""
 import ctypes, io, os, subprocess, sys, tarfile
 ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
 keep, cap, budget = sys.argv[1].splitlines(), int(sys.argv[2]), int(sys.argv[3])
-child = subprocess.Popen(sys.argv[4:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+child = subprocess.Popen(sys.argv[4:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env={**os.environ, "COURSE_SANDBOX_SUPERVISED": "1"})
 while True:
     pid, status = os.wait()
     if pid == child.pid:
         code = os.waitstatus_to_exitcode(status)
+        break
+# Every process left in the namespace ends before a kept file is read: nothing rewrites them afterwards.
+# kill(-1) from PID 1 reaches every other process of the namespace; each is a descendant of this one, so
+# when it has no child left, the namespace holds no other process.
+while True:
+    try:
+        os.kill(-1, 9)
+    except ProcessLookupError:
+        pass
+    try:
+        os.wait()   # one ended; kill again before the next wait, in case something forked meanwhile
+    except ChildProcessError:
         break
 out = os.fdopen(1, "wb")
 out.write(b"\n--course-sandbox-files--\n")

@@ -197,6 +197,44 @@ for _path in _notebooks():
 """
 
 
+# Makes judging slow and big: an error text of three million "[" where the batch should be refused (once
+# quadratic in the grader's own process, it stopped every grading thread), and, in the run that counts, a
+# process left behind that rewrites the records (JSON nested 100000 deep, 50 MB) and keeps rewriting the
+# executed notebook with HTML, JavaScript and trust marks, and a status file, after the runner wrote them.
+SLOW_TO_JUDGE = """
+import subprocess, sys
+_REWRITER = '''
+import json, os, sys, time
+forged = {"cells": [{"cell_type": "code", "id": "forged", "metadata": {"trusted": True}, "source": "",
+          "execution_count": 1, "outputs": [{"output_type": "display_data", "metadata": {}, "data": {
+          "text/html": "<script>alert(1)</script>", "application/javascript": "alert(1)", "text/plain": "FORGED"}}]}],
+          "metadata": {"trusted": True}, "nbformat": 4, "nbformat_minor": 5}
+while not all(os.path.exists(os.path.join(sys.argv[1], f"rank{r}.json")) for r in (0, 1)):   # the probe's, at exit
+    time.sleep(0.1)
+time.sleep(1)
+open(os.path.join(sys.argv[1], "rank0.json"), "w").write("[" * 100000 + "]" * 100000)
+open(os.path.join(sys.argv[1], "rank1.json"), "w").write('{"rank": "1", "x": "' + "y" * (50 << 20) + '"}')
+while True:
+    for name, content in (("executed.ipynb", forged), ("status.json", {"completed": True})):
+        try:
+            json.dump(content, open(name, "w"))
+        except OSError:
+            pass
+    time.sleep(0.01)
+'''
+_solution_train = train
+
+
+def train(args, rank, world_size, device):
+    if args.global_batch % world_size:
+        raise RuntimeError("[" * 3_000_000)
+    if rank == 0 and args.out == settings.CHECKPOINT_DIR:   # the run that counts
+        subprocess.Popen([sys.executable, "-c", _REWRITER, os.environ["COURSE_PROBE_DIR"]], start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _solution_train(args, rank, world_size, device)
+"""
+
+
 def batch() -> dict:
     learner = learner_notebook(instructor())
     other = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('another course')")])
@@ -214,6 +252,7 @@ def batch() -> dict:
         # every way out of the sandbox, a process left behind, a flood of output and a full disk, in one script
         "k_escaper": script_plus(LEAVER_FLOODER, base=script_plus(ESCAPER)),
         "l_thief": thief,
+        "p_slow_to_judge": script_plus(SLOW_TO_JUDGE),
         # Files that once ended the whole batch: wrong JSON types, deep nesting, a huge number; and
         # names a spreadsheet would run as formulas.
         "m_wrong_types": '{"cells": [{"cell_type": 5, "source": [1]}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}',
@@ -477,6 +516,53 @@ def test_display_updates_count_against_the_output_cap(tmp_path):
              "    handle.update('u' * 200_000)")
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(flood)])
     nbformat.write(nb, tmp_path / "in.ipynb")
-    run_notebook.main([str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"), str(tmp_path / "status.json"), "120"])
-    assert json.loads((tmp_path / "status.json").read_text())["dropped_output_bytes"] > 0
+    assert run_notebook.main([str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"), "120"]) == 0
+    assert nbformat.read(tmp_path / "out.ipynb", as_version=4).metadata.course_run["dropped_output_bytes"] > 0
     assert (tmp_path / "out.ipynb").stat().st_size < run_notebook.OUTPUT_CAP + (1 << 20)
+
+
+def test_text_built_to_make_judging_slow_and_huge_records_cost_only_their_own_points(graded):
+    """A refusal replaced by an error of three million "[" once held the grader's interpreter lock for hours."""
+    table, feedback, *_ = graded
+    row, text = table["p_slow_to_judge"], feedback["p_slow_to_judge"]
+    assert (int(row["job"]), int(row["refusal"]), int(row["target"])) == (CRITERIA["job"][0], 0, 0), text
+    assert "could not be read" in text, text   # the records rewritten after the run: nested too deep, 50 MB
+    assert len(text) < 40_000 and "[" * 5000 not in text
+    assert total(table["z_after_the_attacks"]) == FULL, feedback["z_after_the_attacks"]
+
+
+def test_the_executed_notebook_is_the_runs_own_without_active_content(graded):
+    """A process left behind kept rewriting executed.ipynb (HTML, JavaScript, trusted) and status.json."""
+    table, feedback, out, _ = graded
+    executed = out / "executed" / "p_slow_to_judge.ipynb"
+    nb = nbformat.read(executed, as_version=4)
+    assert SCRIPT in [c.get("id") for c in nb.cells] and "FORGED" not in executed.read_text()
+    for path in (out / "executed").glob("*.ipynb"):
+        nb = nbformat.read(path, as_version=4)
+        kinds = {kind for c in nb.cells for o in c.get("outputs", []) for kind in o.get("data", {})}
+        assert kinds <= set(grade_module.SAFE_OUTPUTS), (path.name, kinds)
+        assert "trusted" not in json.dumps([c.metadata for c in nb.cells] + [nb.metadata]), path.name
+
+
+def test_judging_runs_in_a_child_with_its_own_limits(tmp_path):
+    """Reading a submission happens in a child process; past its time or memory it stops with a clear reason."""
+    from assessment import judging
+    nbformat.write(instructor(), tmp_path / "a.ipynb")
+    args = (str(tmp_path / "a.ipynb"), str(tmp_path / "run.ipynb"), str(tmp_path / "job.py"))
+    assert judging.call("prepare", *args)["refused"] == "" and "DistributedSampler" in (tmp_path / "job.py").read_text()
+    with pytest.raises(judging.JudgingError, match=r"judging took longer than 0.5 s"):
+        judging.call("prepare", *args, seconds=0.5)
+    big = instructor()
+    cell(big, SCRIPT).source += "\n# " + "x" * 15_000_000
+    nbformat.write(big, tmp_path / "big.ipynb")
+    with pytest.raises(judging.JudgingError, match="memory"):
+        judging.call("prepare", str(tmp_path / "big.ipynb"), *args[1:], memory_bytes=8 << 20)
+
+
+def test_a_submission_that_judging_cannot_finish_gets_a_zero_row_with_the_reason(tmp_path):
+    import argparse
+    nbformat.write(instructor(), tmp_path / "slow.ipynb")
+    options = argparse.Namespace(judge_timeout=0.5)
+    row = grade_module.grade_one(tmp_path / "slow.ipynb", tmp_path / "out", options)
+    assert sum(row.points.values()) == 0 and not row.failed
+    assert all("judging took longer than 0.5 s" in why for why in row.reasons.values()), row.reasons

@@ -117,8 +117,8 @@ def source_notebooks(root: Path = COURSE_ROOT) -> list[Path]:
 BUNDLE_FILES = ("Makefile", "pyproject.toml", "environment.yml", "README.md", ".gitignore")
 BUNDLE_FOLDERS = ("utils",)
 ASSESSMENT_MODULES = ("__init__.py", "settings.py", "criteria.py", "job.py", "run_notebook.py",
-                      "submission.py", "grade.py", "sandbox.py", "cgroups.py", "model_file.py")
-GRADER_ONLY = ("grade.py", "sandbox.py", "cgroups.py", "model_file.py")   # left out of the sandbox's view
+                      "submission.py", "grade.py", "judging.py", "sandbox.py", "cgroups.py", "model_file.py")
+GRADER_ONLY = ("grade.py", "judging.py", "sandbox.py", "cgroups.py", "model_file.py")   # left out of the sandbox's view
 # The library's own tests: none of them holds a lab's or the assessment's solution.
 BUNDLE_TESTS = ("conftest.py", "spawn_ranks.py", "test_batch_size.py", "test_collectives.py",
                 "test_collectives_report.py", "test_config.py", "test_data.py", "test_ddp.py", "test_ddp_costs.py",

@@ -118,7 +118,8 @@ def _ending(rec: dict | None) -> str:
     """How a rank that did not refuse a batch on its own ended, from its record."""
     if rec is None:
         return "left no record (stopped from outside)"
-    error = re.sub(r"\[[^\]]*:\d+\] ?", "", rec["error"] or "").split(". ")[0][:100]   # gloo's source path left out
+    # gloo's source path left out; the text cut first (the pattern is quadratic in runs of "[")
+    error = re.sub(r"\[[^\]]*:\d+\] ?", "", str(rec["error"] or "")[:2000]).split(". ")[0][:100]
     trained = f"went on to train ({len(rec['batches'])} step(s)) and " if rec["batches"] else ""
     if rec.get("peer_lost"):
         return trained + ("timed out waiting for its peers" if "timed out" in error.lower() else

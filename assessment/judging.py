@@ -1,0 +1,99 @@
+"""Runs the grader's judging of one submission in a child process with its own time and memory limits.
+
+Everything a submission controls reaches parsers and regular expressions: the notebook it handed in,
+the executed notebook, records, outputs and checkpoints its sandboxes returned. None of it is read in
+the grader's own process, where one pathological text (a regular expression that backtracks for
+hours holds the interpreter lock and stops every grading thread) or one huge record would cost the
+whole batch. Each step runs here instead, in ``python -I`` with the address space capped
+(``MEMORY_BYTES`` beyond what the interpreter and torch map) and killed after ``seconds``; the
+submission then gets a zero row saying which limit it hit, and the batch goes on.
+
+    call(step, *args, seconds=..., memory_bytes=...) -> the step's result (JSON values only)
+
+The steps are named in ``STEPS``; their arguments and results are JSON, so nothing the child returns
+is unpickled in the grader.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+SECONDS = 300                  # one judging step, wall clock (the correct solution's takes a few seconds)
+MEMORY_BYTES = 2 << 30         # address space beyond the interpreter's with torch imported
+ANSWER_BYTES = 1 << 20         # the most the grader reads of a step's answer
+
+
+class JudgingError(RuntimeError):
+    """A judging step could not finish; the message says which limit it hit, for the learner's row."""
+
+
+def call(step: str, *args, seconds: float = SECONDS, memory_bytes: int = MEMORY_BYTES):
+    """Run ``STEPS[step](*args)`` in a limited child process and return its (JSON) result."""
+    from utils.config import COURSE_ROOT
+    request = json.dumps({"step": step, "args": args, "memory_bytes": int(memory_bytes)})
+    # -I: neither the current folder nor PYTHONPATH decides what is imported; the course root is put first.
+    bootstrap = f"import sys; sys.path.insert(0, {str(COURSE_ROOT)!r}); from assessment.judging import _child; _child()"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    try:
+        child = subprocess.run([sys.executable, "-I", "-c", bootstrap], input=request.encode(), capture_output=True,
+                               timeout=seconds, env=env)
+    except subprocess.TimeoutExpired:
+        raise JudgingError(f"judging took longer than {seconds:g} s and was stopped ({step})") from None
+    if child.returncode < 0:
+        if child.returncode == -signal.SIGKILL:
+            raise JudgingError(f"judging was killed, most likely over its memory limit of {memory_bytes >> 20} MiB "
+                               f"({step})")
+        raise JudgingError(f"judging crashed with signal {-child.returncode} ({step})")
+    lines = child.stdout[-ANSWER_BYTES:].decode("utf-8", "replace").strip().splitlines()
+    try:
+        answer = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict) or "result" not in answer:
+        why = "ran out of memory" if b"MemoryError" in child.stderr[-4000:] else f"exit status {child.returncode}"
+        raise JudgingError(f"judging failed ({step}: {why})")
+    return answer["result"]
+
+
+# ---- the child: everything below runs in the subprocess, on what the submission controls ----
+
+def _prepare(submission: str, notebook_to: str, script_to: str) -> dict:
+    """Read the handed-in notebook, rebuild it around the learner's cells and write what the sandboxes run:
+    {"refused": why or "", "notes": [...]}."""
+    import nbformat
+
+    from . import grade
+    from .submission import SubmissionError, restore
+    try:
+        restored = restore(Path(submission))
+    except SubmissionError as error:
+        return {"refused": str(error), "notes": []}
+    nbformat.write(grade.without_checks(restored.restored), notebook_to)
+    Path(script_to).write_text(grade.job_script(restored.restored))
+    return {"refused": "", "notes": restored.notes}
+
+
+STEPS = {"prepare": ("assessment.judging", "_prepare"), "judge": ("assessment.grade", "judge_returned")}
+
+
+def _child() -> None:
+    import resource
+    request = json.loads(sys.stdin.read())
+    import torch   # imported before the limit: torch alone maps ~3 GB of address space
+    torch.set_num_threads(1)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    with open("/proc/self/statm") as f:   # pages the interpreter and torch already map
+        mapped = int(f.read().split()[0]) * resource.getpagesize()
+    limit = mapped + request["memory_bytes"]
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    module, name = STEPS[request["step"]]
+    result = getattr(importlib.import_module(module), name)(*request["args"])
+    print("\n" + json.dumps({"result": result}), flush=True)
