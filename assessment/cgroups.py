@@ -1,7 +1,10 @@
-"""The caps on a whole submission: its memory (files in tmpfs included) and its number of processes.
+"""The caps on a whole submission: its memory (files in tmpfs included), its number of processes, and
+its share of the CPU.
 
-Where the grader runs as root on a machine with cgroups (v1's ``memory`` and ``pids`` controllers, or
-v2), each sandboxed run gets its own group under ``course-sandbox/``; the launched process joins it
+Where the grader runs as root on a machine with cgroups (v1's ``memory``, ``pids`` and ``cpu``
+controllers, or v2), each sandboxed run gets its own group under ``course-sandbox/``; every group has
+the same CPU weight, so submissions graded at once (``--jobs N``) share the cores equally however many
+processes each starts; the launched process joins it
 before it drops its privileges, so everything the submission starts is counted and capped, and a fork
 bomb or several processes each under the per-process limit end that submission only. Elsewhere there
 is no such cap, and the grader says so.
@@ -32,7 +35,8 @@ class Cgroups:
         for controller, setting, value, words in (
                 ("memory", "memory.limit_in_bytes", limits.total_memory_bytes,
                  f"memory {limits.total_memory_bytes >> 20} MiB for the whole submission"),
-                ("pids", "pids.max", limits.max_processes, f"{limits.max_processes} processes and threads")):
+                ("pids", "pids.max", limits.max_processes, f"{limits.max_processes} processes and threads"),
+                ("cpu", "cpu.shares", 1024, "an equal share of the CPU beside the other submissions")):
             root = Path("/sys/fs/cgroup") / controller
             if not (root / "cgroup.procs").exists():
                 continue
@@ -63,6 +67,13 @@ class Cgroups:
         self.dirs.append(group)
         self.caps += [f"memory {limits.total_memory_bytes >> 20} MiB for the whole submission (cgroup v2)",
                       f"{limits.max_processes} processes and threads (cgroup v2)"]
+        try:   # the cpu controller may be missing or taken: the other caps hold without it
+            (root / "cgroup.subtree_control").write_text("+cpu")
+            (parent / "cgroup.subtree_control").write_text("+cpu")
+            (group / "cpu.weight").write_text("100")
+            self.caps.append("an equal share of the CPU beside the other submissions (cgroup v2)")
+        except OSError:
+            pass
 
     def join(self) -> None:
         """In the launched child, before it drops privileges: put it (and so all it starts) in the groups."""
