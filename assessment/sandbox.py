@@ -171,6 +171,46 @@ def _reachable(path: str, uid: int) -> bool:
     return True
 
 
+# seccomp: the syscalls that read or write another process's memory or stop it under a debugger. Processes of
+# one sandbox share a uid, so without this filter a script could trace its own torchrun agent and hold it.
+_ARCHES = {   # machine: (AUDIT_ARCH_*, ptrace, process_vm_readv, process_vm_writev, first x32 number or None)
+    "x86_64": (0xC000003E, (101, 310, 311), 0x40000000),
+    "aarch64": (0xC00000B7, (117, 270, 271), None),
+}
+
+
+def seccomp_program() -> bytes | None:
+    """A classic BPF program for bwrap's --seccomp: EPERM for ptrace and process_vm_readv/writev, and for any
+    other architecture's or ABI's syscalls (a 32-bit entry point would have other numbers); None on a
+    machine not in ``_ARCHES``."""
+    import platform
+    import struct
+    known = _ARCHES.get(platform.machine())
+    if known is None:
+        return None
+    arch, denied, x32 = known
+    LD_W_ABS, JEQ_K, JGE_K, RET_K = 0x20, 0x15, 0x35, 0x06
+    ALLOW, DENY = 0x7FFF0000, 0x00050000 | 1   # SECCOMP_RET_ALLOW; SECCOMP_RET_ERRNO | EPERM
+    checks = ([(JGE_K, x32)] if x32 is not None else []) + [(JEQ_K, nr) for nr in denied]
+    # Layout: load arch; not ours -> deny; load nr; each check -> deny; allow; deny.
+    program = [(LD_W_ABS, 0, 0, 4), (JEQ_K, 0, len(checks) + 2, arch), (LD_W_ABS, 0, 0, 0)]
+    for i, (op, k) in enumerate(checks):
+        program.append((op, len(checks) - i, 0, k))   # true -> jump over the rest and the allow, to deny
+    program += [(RET_K, 0, 0, ALLOW), (RET_K, 0, 0, DENY)]
+    return b"".join(struct.pack("=HBBI", *insn) for insn in program)
+
+
+def _seccomp_fd() -> int | None:
+    """A file descriptor holding ``seccomp_program()`` at offset 0, for bwrap to read; None without one."""
+    program = seccomp_program()
+    if program is None:
+        return None
+    fd = os.memfd_create("course-seccomp", os.MFD_CLOEXEC)
+    os.write(fd, program)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
 def _bwrap_argv(mounts: _Mounts, files: list[tuple[int, str]], limits: Limits, env: dict) -> list[str]:
     # --as-pid-1: no bwrap init inside; the supervisor (non-dumpable) is PID 1, so no process a submission
     # can read holds bwrap's memory (the --file copies) or the pipes back to the grader.
@@ -312,23 +352,29 @@ def run(command: list[str], workdir: Path, keep: list[str], outdir: Path, limits
                                               f"{view[missing[0]]}) is not a folder")
     inputs = [p for p in sorted(Path(workdir).iterdir()) if p.is_file()]
     files = [(os.open(p, os.O_RDONLY | os.O_CLOEXEC), p.name) for p in inputs]
+    filter_fd = _seccomp_fd()
     cgroups = Cgroups(limits, token)
     caps = [f"CPU {limits.cpu_s} s, address space {limits.memory_bytes >> 20} MiB, files {limits.file_bytes >> 20} "
             f"MiB and {limits.open_files} open, per process", f"work folder and /tmp {limits.disk_bytes >> 20} MiB each",
-            f"wall clock {limits.wall_s:.0f} s"] + (cgroups.caps or ["no cgroup: no cap on the whole submission's "
-                                                                     "memory or process count"])
+            f"wall clock {limits.wall_s:.0f} s",
+            "no ptrace or process_vm_readv/writev (seccomp)" if filter_fd is not None else
+            "no seccomp filter on this machine's architecture: processes of one submission may trace each other"
+            ] + (cgroups.caps or ["no cgroup: no cap on the whole submission's memory or process count"])
     cap = min(len(keep) * limits.file_bytes, limits.kept_bytes) + (1 << 20)   # + the tar stream's headers
     try:
         with _Mounts(view) as mounts:
             argv = _bwrap_argv(mounts, files, limits, inside_env)
+            if filter_fd is not None:
+                argv += ["--seccomp", str(filter_fd)]
             argv += ["--", sys.executable, "-I", "-c", _SUPERVISOR, "\n".join(keep), str(limits.file_bytes),
                      str(limits.kept_bytes), *command]
             launch = _Launch(sandbox_uid(), cgroups, limits, mounts)
-            for fd, _ in files:
+            passed = [fd for fd, _ in files] + ([filter_fd] if filter_fd is not None else [])
+            for fd in passed:
                 os.set_inheritable(fd, True)
             try:
                 process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                           stderr=subprocess.PIPE, pass_fds=[fd for fd, _ in files],
+                                           stderr=subprocess.PIPE, pass_fds=passed,
                                            start_new_session=True, preexec_fn=launch.child)
             except (OSError, subprocess.SubprocessError) as error:
                 return Result(None, False, time.monotonic() - start, mode,
@@ -339,6 +385,8 @@ def run(command: list[str], workdir: Path, keep: list[str], outdir: Path, limits
     finally:
         for fd, _ in files:
             os.close(fd)
+        if filter_fd is not None:
+            os.close(filter_fd)
         cgroups.close()
     returncode = None if timed_out else process.returncode
     failure = ""

@@ -295,3 +295,25 @@ def test_without_the_boundary_nothing_untrusted_is_graded(tmp_path):
         assert stop.value.code not in (0, None)
     finally:
         sandbox._MODE[:] = saved
+
+
+@needs_namespaces
+@pytest.mark.skipif(sandbox.seccomp_program() is None, reason="no seccomp filter for this architecture")
+def test_processes_of_one_sandbox_cannot_trace_or_read_each_other(tmp_path):
+    """Without the filter, PTRACE_ATTACH to a sibling succeeds (same uid) and process_vm_readv is let through."""
+    result, out = run_script(tmp_path, """
+        import ctypes, subprocess, sys, time
+        libc = ctypes.CDLL(None, use_errno=True)
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        time.sleep(0.3)
+        attach = libc.ptrace(16, child.pid, 0, 0), ctypes.get_errno()          # PTRACE_ATTACH
+        class Iovec(ctypes.Structure):
+            _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+        buf = ctypes.create_string_buffer(8)
+        local, remote = Iovec(ctypes.cast(buf, ctypes.c_void_p), 8), Iovec(0x400000, 8)
+        read = libc.process_vm_readv(child.pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0), ctypes.get_errno()
+        child.kill()
+        open("seen.txt", "w").write(repr([attach, read]))
+    """, keep=["seen.txt"], wall_s=60)
+    assert eval((out / "seen.txt").read_text()) == [(-1, 1), (-1, 1)]   # EPERM, both
+    assert any("seccomp" in cap for cap in result.caps), result.caps
