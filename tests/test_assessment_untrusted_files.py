@@ -497,6 +497,7 @@ def _model(accuracy):
 
 def test_one_model_under_every_name_is_one_evaluation_not_two(tmp_path, monkeypatch):
     from assessment import grade, settings
+    monkeypatch.setattr(settings, "EPOCHS", 4)   # the rule, not the count: each checkpoint loads in a child
     monkeypatch.setattr(grade, "accuracy_on_fresh_images", _accuracy_by_first_weight)
     good = _model(0.99)
     passed, why = grade.judge_checkpoints(_checkpoints(tmp_path / "same", [good] * settings.EPOCHS), 0)
@@ -508,6 +509,7 @@ def test_one_model_under_every_name_is_one_evaluation_not_two(tmp_path, monkeypa
 
 def test_refused_checkpoints_say_why_and_missing_ones_break_the_run(tmp_path, monkeypatch):
     from assessment import grade, settings
+    monkeypatch.setattr(settings, "EPOCHS", 4)   # the rule, not the count: each checkpoint loads in a child
     monkeypatch.setattr(grade, "accuracy_on_fresh_images", _accuracy_by_first_weight)
     wrapped = [{f"module.{k}": v for k, v in _model(0.9).items()}] * settings.EPOCHS
     passed, why = grade.judge_checkpoints(_checkpoints(tmp_path / "ddp", wrapped), 0)
