@@ -226,8 +226,12 @@ _solution_train = train
 
 
 def train(args, rank, world_size, device):
-    if args.global_batch % world_size:
-        raise RuntimeError("[" * 3_000_000)
+    if args.global_batch % world_size:   # trains on a batch it should refuse, then ends with the text
+        args.global_batch -= args.global_batch % world_size
+        try:
+            _solution_train(args, rank, world_size, device)
+        finally:
+            raise RuntimeError("[" * 3_000_000)
     if rank == 0 and args.out == settings.CHECKPOINT_DIR:   # the run that counts
         subprocess.Popen([sys.executable, "-c", _REWRITER, os.environ["COURSE_PROBE_DIR"]], start_new_session=True,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -241,7 +245,6 @@ def batch() -> dict:
     thief = learner_notebook(instructor())
     cell(thief, SCRIPT).source = "%%writefile {settings.JOB_DIR}/train_job.py\n" + textwrap.dedent(THIEF).strip("\n")
     return {
-        "a_instructor": instructor(),
         "b_learner": learner,
         "c_wrong_at_three": script_with(*WRONG_AT_THREE),
         "d_invalid_json": '{"cells": [ this is not json',
@@ -339,8 +342,8 @@ def test_the_csv_has_a_row_per_submission_and_the_columns_instructors_need(grade
 
 
 def test_the_instructor_edition_scores_full_marks(graded):
-    table, feedback, *_ = graded
-    assert total(table["a_instructor"]) == FULL, feedback["a_instructor"]
+    table, feedback, *_ = graded   # graded last, after every attack in the batch
+    assert total(table["z_after_the_attacks"]) == FULL, feedback["z_after_the_attacks"]
 
 
 def test_the_learner_edition_scores_zero_and_says_why(graded):
@@ -447,12 +450,12 @@ def test_left_processes_a_flood_of_output_and_a_full_disk_do_not_reach_the_grade
 
 def test_grading_in_parallel_gives_the_same_csv_as_grading_one_at_a_time(graded, tmp_path):
     table, *_ = graded                                  # the batch was graded two at a time
-    names = ("c_wrong_at_three", "h_exits")               # some points, none
+    names = ("c_wrong_at_three",)                         # some points, not all
     write_batch(tmp_path / "few", {name: nb for name, nb in batch().items() if name in names})
     assert grade(tmp_path / "few", tmp_path / "serial", 1).returncode == 0
     serial = rows(tmp_path / "serial")
     assert {name: serial[name] for name in names} == {name: table[name] for name in names}
-    assert [total(serial[name]) for name in names] == [7, 0]
+    assert [total(serial[name]) for name in names] == [7]
     assert leftovers() == []
 
 
@@ -527,6 +530,7 @@ def test_text_built_to_make_judging_slow_and_huge_records_cost_only_their_own_po
     row, text = table["p_slow_to_judge"], feedback["p_slow_to_judge"]
     assert (int(row["job"]), int(row["refusal"]), int(row["target"])) == (CRITERIA["job"][0], 0, 0), text
     assert "could not be read" in text, text   # the records rewritten after the run: nested too deep, 50 MB
+    assert "without refusing it" in text and "[[[[" in text, text   # the text, cut, reached the feedback
     assert len(text) < 40_000 and "[" * 5000 not in text
     assert total(table["z_after_the_attacks"]) == FULL, feedback["z_after_the_attacks"]
 
@@ -536,7 +540,8 @@ def test_the_executed_notebook_is_the_runs_own_without_active_content(graded):
     table, feedback, out, _ = graded
     executed = out / "executed" / "p_slow_to_judge.ipynb"
     nb = nbformat.read(executed, as_version=4)
-    assert SCRIPT in [c.get("id") for c in nb.cells] and "FORGED" not in executed.read_text()
+    ids = [c.get("id") for c in nb.cells]
+    assert SCRIPT in ids and "forged" not in ids and nb.metadata.course_run["cells"], ids
     for path in (out / "executed").glob("*.ipynb"):
         nb = nbformat.read(path, as_version=4)
         kinds = {kind for c in nb.cells for o in c.get("outputs", []) for kind in o.get("data", {})}
