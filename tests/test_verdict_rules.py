@@ -31,6 +31,14 @@ def test_first_to_target_needs_a_gap_beyond_the_resolution(tmp_path, monkeypatch
     assert contradictions(path) == []
 
 
+def test_first_to_target_names_no_winner_from_one_seed(tmp_path, monkeypatch):
+    one = {"P = 1": [8.3], "K = 16": [19.1]}
+    path = _recorded(tmp_path, monkeypatch, lambda: [outcomes.first_to_target(one, resolution=2.0)])
+    verdict = json.loads(path.read_text())
+    assert verdict["conclusion"] is None and "one seed" in verdict["text"]
+    assert contradictions(path) == []
+
+
 def test_a_verdict_its_numbers_contradict_is_caught(tmp_path):
     path = tmp_path / "v.jsonl"
     forged = [dict(kind="first_to_target", conclusion="P = 1", text="first: P = 1",

@@ -30,9 +30,9 @@ def _first_to_target(numbers, conclusion):
     every = {m: t for m, t in numbers["seconds"].items() if t and None not in t}
     if conclusion is None:
         # no winner: no method that reached the target on every seed beats all others clearly
-        return not any(all(_mean(every[o]) - _mean(t) > _half_range(t) + _half_range(every[o]) + numbers["resolution"]
-                           for o in every if o != m) for m, t in every.items())
-    if conclusion not in every:
+        return not any(len(t) >= 2 and all(_mean(every[o]) - _mean(t) > _half_range(t) + _half_range(every[o])
+                                           + numbers["resolution"] for o in every if o != m) for m, t in every.items())
+    if conclusion not in every or len(every[conclusion]) < 2:   # one run has no spread: no winner from it
         return False
     mine = every[conclusion]
     return all(_mean(t) - _mean(mine) > _half_range(t) + _half_range(mine) + numbers["resolution"]

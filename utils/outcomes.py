@@ -103,12 +103,13 @@ def first_to_target(seconds: Mapping[str, Sequence[float | None]], resolution: f
     ``seconds`` maps each method to its time to the target per seed (None: not reached). A method
     wins only if every seed reached the target and its mean plus both spreads plus ``resolution``
     (the time between two evaluations, the finest time a run can show) stays below the next one's
-    mean; otherwise there is 'no clear winner'. Returns (winner or None, sentence).
+    mean, and if it ran two seeds or more (one run has no spread to set against the gap); otherwise
+    there is 'no clear winner'. Returns (winner or None, sentence).
     """
     reached = {m: mean_spread(t) for m, t in seconds.items() if t and all(v is not None for v in t)}
     ranked = sorted(reached, key=lambda m: reached[m][0])
     winner = None
-    if ranked:
+    if ranked and len(seconds[ranked[0]]) >= 2:
         best, (mb, sb) = ranked[0], reached[ranked[0]]
         rivals = [reached[m] for m in ranked[1:]]
         if all(mr - mb > sb + sr + resolution for mr, sr in rivals):
@@ -118,6 +119,9 @@ def first_to_target(seconds: Mapping[str, Sequence[float | None]], resolution: f
     elif winner:
         nxt = f"; next: {ranked[1]} at {reached[ranked[1]][0]:.1f} s" if len(ranked) > 1 else ""
         text = f"first to the target: {winner} ({reached[winner][0]:.1f} s{nxt}; resolution {resolution:.1f} s)"
+    elif len(seconds[ranked[0]]) < 2:
+        text = (f"no clear winner to the target from one seed: "
+                f"{', '.join(f'{m} {reached[m][0]:.1f} s' for m in ranked[:3])} (run more seeds to tell)")
     else:
         text = (f"no clear winner to the target: {', '.join(f'{m} {reached[m][0]:.1f} s' for m in ranked[:3])} "
                 f"differ by less than the evaluation interval ({resolution:.1f} s) plus the seeds' spread")
