@@ -197,8 +197,8 @@ for _path in _notebooks():
 """
 
 
-# Makes judging slow and big: an error text of three million "[" where the batch should be refused (once
-# quadratic in the grader's own process, it stopped every grading thread), and, in the run that counts, a
+# Makes judging slow and big: an error text of three million "[" on the ranks that should have refused a batch
+# (its pattern, once quadratic in the grader's own process, stopped every grading thread), and, in the run that counts, a
 # process left behind that rewrites the records (JSON nested 100000 deep, 50 MB) and keeps rewriting the
 # executed notebook with HTML, JavaScript and trust marks, and a status file, after the runner wrote them.
 SLOW_TO_JUDGE = """
@@ -226,12 +226,10 @@ _solution_train = train
 
 
 def train(args, rank, world_size, device):
-    if args.global_batch % world_size:   # trains on a batch it should refuse, then ends with the text
-        args.global_batch -= args.global_batch % world_size
-        try:
-            _solution_train(args, rank, world_size, device)
-        finally:
-            raise RuntimeError("[" * 3_000_000)
+    if args.global_batch % world_size:   # rank 0 refuses; the others end with the text, as if their peer left
+        if rank == 0:
+            raise SystemExit(f"--global-batch {args.global_batch} does not divide by {world_size} processes")
+        raise RuntimeError("Connection closed by peer " + "[" * 3_000_000)
     if rank == 0 and args.out == settings.CHECKPOINT_DIR:   # the run that counts
         subprocess.Popen([sys.executable, "-c", _REWRITER, os.environ["COURSE_PROBE_DIR"]], start_new_session=True,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -530,7 +528,7 @@ def test_text_built_to_make_judging_slow_and_huge_records_cost_only_their_own_po
     row, text = table["p_slow_to_judge"], feedback["p_slow_to_judge"]
     assert (int(row["job"]), int(row["refusal"]), int(row["target"])) == (CRITERIA["job"][0], 0, 0), text
     assert "could not be read" in text, text   # the records rewritten after the run: nested too deep, 50 MB
-    assert "without refusing it" in text and "[[[[" in text, text   # the text, cut, reached the feedback
+    assert "refused it, but rank 1" in text and "[[[[" in text, text   # the text, cut, reached the feedback
     assert len(text) < 40_000 and "[" * 5000 not in text
     assert total(table["z_after_the_attacks"]) == FULL, feedback["z_after_the_attacks"]
 
