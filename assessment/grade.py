@@ -282,20 +282,29 @@ SAFE_OUTPUTS = ("text/plain", "image/png", "image/jpeg")   # what an executed no
 
 
 def inert(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """The executed notebook as the instructor gets it: outputs reduced to text and raster images (no HTML,
-    JavaScript, SVG, Markdown or widget views), no widget state, no trust marks, no attachments."""
-    nb.metadata.pop("widgets", None)
-    nb.metadata.pop("signature", None)
+    """The executed notebook as the instructor gets it, safe in any viewer (JupyterLab sanitises, but
+    nbconvert's HTML export does not): outputs reduced to text and raster images whose only metadata is a
+    numeric size, no widget state or trust marks, cell metadata other than the course's own dropped (it
+    can hide a cell's source or outputs), no attachments, and ``<`` escaped in Markdown cells (a learner's
+    answer could hold raw HTML; ``&lt;`` shows as ``<``)."""
+    for key in list(nb.metadata):
+        if key not in ("course", "course_run", "kernelspec", "language_info"):
+            del nb.metadata[key]
     for cell in nb.cells:
-        cell.metadata.pop("trusted", None)
+        cell.metadata = {k: v for k, v in cell.metadata.items() if k == "course"}
         cell.pop("attachments", None)
+        if cell.cell_type == "markdown":
+            cell.source = cell.source.replace("<", "&lt;")
         if cell.cell_type != "code":
             continue
         kept = []
         for output in cell.get("outputs", []):
             if "data" in output:
                 output["data"] = {k: v for k, v in output["data"].items() if k in SAFE_OUTPUTS}
-                output["metadata"] = {k: v for k, v in output.get("metadata", {}).items() if k in SAFE_OUTPUTS}
+                output["metadata"] = {kind: {k: v for k, v in size.items() if k in ("width", "height")
+                                             and type(v) is int}
+                                      for kind, size in output.get("metadata", {}).items()
+                                      if kind in output["data"] and isinstance(size, dict)}
                 if not output["data"]:
                     continue
             kept.append(output)

@@ -22,6 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from assessment import supervised
 from utils.checks import Incorrect, NotSolved
 from utils.checks.job_check import REPLAYED_OPTIMIZER, JobCheck
 
@@ -61,10 +62,12 @@ def run(script: Path, folder: Path, seed: int) -> None:
     """Run every scenario of ``script`` and write what came back into ``folder`` (see ``files``)."""
     check, folder = job_check(seed), Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    supervised.protect()
     for scenario, (nodes, changes, fail_rank, fail_at) in SCENARIOS.items():
         with tempfile.TemporaryDirectory(prefix="assessment-job-") as work:
             code, output, records = check.run_job(Path(script).resolve(), nodes, Path(work), fail_at=fail_at,
                                                   fail_rank=fail_rank, **changes)
+            supervised.end_other_processes()   # in the grader's sandbox: nothing left by this run rewrites its files
             (folder / f"{scenario}_code.txt").write_text("timeout" if code is None else str(code))
             (folder / f"{scenario}_output.txt").write_text(output[-200_000:])
             for rank, record in records.items():

@@ -16,8 +16,6 @@ what the run produced, not what a process left behind rewrote afterwards.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
 import time
 
@@ -25,10 +23,10 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
+from assessment import supervised
 from utils.course import project_kernel_manager
 
 OUTPUT_CAP = 2 << 20  # bytes of outputs kept per notebook
-SUPERVISED = "COURSE_SANDBOX_SUPERVISED"   # set by the sandbox's supervisor for the command it runs
 EXIT_INCOMPLETE = 3   # some cell never ran (a cell timed out, the kernel died, the runner failed)
 
 
@@ -66,43 +64,9 @@ class CappedClient(NotebookClient):
             record["seconds"] = round(time.monotonic() - start, 3)
 
 
-def _supervised() -> bool:
-    """Whether this runner is the command of the grader's sandbox (never true on a learner's own machine)."""
-    return os.environ.get(SUPERVISED) == "1" and os.getppid() == 1 and os.getpid() != 1
-
-
-def _end_other_processes(seconds: float = 30) -> None:
-    """SIGKILL every process of the sandbox's PID namespace but its supervisor and this one, until none is
-    left (zombies aside: they run nothing). kill(-1) spares PID 1 and the caller."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            os.kill(-1, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            while os.waitpid(-1, os.WNOHANG)[0]:   # this runner's own children (the kernel)
-                pass
-        except ChildProcessError:
-            pass
-        if not [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid()) and not _zombie(p)]:
-            return
-        time.sleep(0.05)
-
-
-def _zombie(pid: str) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
-    except (OSError, IndexError):
-        return True   # gone already
-
-
 def main(argv=None) -> int:
     source, target, cell_timeout = (argv or sys.argv[1:])[:3]
-    if _supervised():
-        import ctypes
-        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE 0: no ptrace, no /proc/<pid>/fd for the kernel
+    supervised.protect()   # in the grader's sandbox: the kernel (same uid) cannot trace this runner
     nb = nbformat.read(source, as_version=4)
     client = CappedClient(nb, km=project_kernel_manager(), timeout=int(cell_timeout), allow_errors=True,
                           resources={"metadata": {"path": "."}})
@@ -119,8 +83,7 @@ def main(argv=None) -> int:
     if run["error"] and client.cells:
         run["error"]["cell"] = client.cells[-1]["id"]
     run["cells"], run["dropped_output_bytes"] = client.cells, client.dropped
-    if _supervised():
-        _end_other_processes()
+    supervised.end_other_processes()   # in the grader's sandbox: nothing left running rewrites OUT.ipynb
     nb.metadata["course_run"] = run
     nbformat.write(nb, target)
     return 0 if run["completed"] else EXIT_INCOMPLETE

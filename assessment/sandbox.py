@@ -20,7 +20,7 @@ What a command sees (``isolation_mode() == "bwrap"``):
   as root on a machine with cgroups (v1 or v2), the memory and the number of processes of the whole
   submission (tmpfs files count as memory); a wall clock kept by the grader.
 
-The files named in ``keep`` come back as a tar stream on the command's standard output, read by the
+The files named in ``keep`` come back framed (index, length, bytes) on the supervisor's standard output, read by the
 grader up to a cap: nothing in the sandbox can write a host file. Everything that comes back is
 untrusted data. When the command ends, its supervisor (PID 1) kills every other process of the
 namespace and reaps them all before it reads a kept file, so no leftover process can rewrite what comes
@@ -36,7 +36,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 import uuid
@@ -49,7 +48,7 @@ MARKER = "COURSE_SANDBOX_RUN"
 WORK = "/sandbox/work"                 # the command's working folder inside the sandbox
 _ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "nsswitch.conf", "hosts", "localtime",
         "alternatives")
-_TAR_MARK = b"\n--course-sandbox-files--\n"
+_MARK = b"\n--course-sandbox-files--\n"
 
 
 @dataclass
@@ -173,14 +172,15 @@ def _reachable(path: str, uid: int) -> bool:
 
 # seccomp: the syscalls that read or write another process's memory or stop it under a debugger. Processes of
 # one sandbox share a uid, so without this filter a script could trace its own torchrun agent and hold it.
-_ARCHES = {   # machine: (AUDIT_ARCH_*, ptrace, process_vm_readv, process_vm_writev, first x32 number or None)
-    "x86_64": (0xC000003E, (101, 310, 311), 0x40000000),
-    "aarch64": (0xC00000B7, (117, 270, 271), None),
+_ARCHES = {   # machine: (AUDIT_ARCH_*, (ptrace, process_vm_readv, process_vm_writev, pidfd_getfd), first x32 number)
+    "x86_64": (0xC000003E, (101, 310, 311, 438), 0x40000000),
+    "aarch64": (0xC00000B7, (117, 270, 271, 438), None),
 }
 
 
 def seccomp_program() -> bytes | None:
-    """A classic BPF program for bwrap's --seccomp: EPERM for ptrace and process_vm_readv/writev, and for any
+    """A classic BPF program for bwrap's --seccomp: EPERM for ptrace, process_vm_readv/writev and pidfd_getfd
+    (taking another process's file descriptor), and for any
     other architecture's or ABI's syscalls (a 32-bit entry point would have other numbers); None on a
     machine not in ``_ARCHES``."""
     import platform
@@ -280,10 +280,12 @@ class _Launch:
 
 # Runs inside as PID 1, the command's parent: non-dumpable (the submission, same uid, cannot read its
 # memory, open its fds or ptrace it), it reaps orphans, the command's own output goes nowhere, and at the
-# end, once every other process of the namespace is dead, the kept files go to standard output as a tar
-# stream (a submission can only forge its own results).
+# end, once every other process of the namespace is dead, the kept files go to standard output, each framed
+# by its index in ``keep`` and its length: the supervisor is the only writer of that pipe, and the grader
+# reads the frames from its first byte, so no file's content can pass for the frames (a submission can
+# only forge its own results).
 _SUPERVISOR = r"""
-import ctypes, io, os, subprocess, sys, tarfile
+import ctypes, os, subprocess, sys
 ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
 keep, cap, budget = sys.argv[1].splitlines(), int(sys.argv[2]), int(sys.argv[3])
 child = subprocess.Popen(sys.argv[4:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -307,20 +309,17 @@ while True:
         break
 out = os.fdopen(1, "wb")
 out.write(b"\n--course-sandbox-files--\n")
-with tarfile.open(fileobj=out, mode="w|") as tar:
-    for name in keep:
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)   # a FIFO must not block
-        except OSError:
+for index, name in enumerate(keep):   # each found file: its index in keep (2 bytes), its length (8), its bytes
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)   # a FIFO must not block
+    except OSError:
+        continue
+    with os.fdopen(fd, "rb") as f:
+        if not os.path.isfile(f"/proc/self/fd/{f.fileno()}"):
             continue
-        with os.fdopen(fd, "rb") as f:
-            if not os.path.isfile(f"/proc/self/fd/{f.fileno()}"):
-                continue
-            data = f.read(max(0, min(cap, budget)))
-        budget -= len(data)
-        info = tarfile.TarInfo(os.path.basename(name))
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
+        data = f.read(max(0, min(cap, budget)))
+    budget -= len(data)
+    out.write(index.to_bytes(2, "big") + len(data).to_bytes(8, "big") + data)
 out.flush()
 os._exit(code if 0 <= code < 256 else 1)
 """
@@ -357,10 +356,10 @@ def run(command: list[str], workdir: Path, keep: list[str], outdir: Path, limits
     caps = [f"CPU {limits.cpu_s} s, address space {limits.memory_bytes >> 20} MiB, files {limits.file_bytes >> 20} "
             f"MiB and {limits.open_files} open, per process", f"work folder and /tmp {limits.disk_bytes >> 20} MiB each",
             f"wall clock {limits.wall_s:.0f} s",
-            "no ptrace or process_vm_readv/writev (seccomp)" if filter_fd is not None else
+            "no ptrace, process_vm_readv/writev or pidfd_getfd (seccomp)" if filter_fd is not None else
             "no seccomp filter on this machine's architecture: processes of one submission may trace each other"
             ] + (cgroups.caps or ["no cgroup: no cap on the whole submission's memory or process count"])
-    cap = min(len(keep) * limits.file_bytes, limits.kept_bytes) + (1 << 20)   # + the tar stream's headers
+    cap = min(len(keep) * limits.file_bytes, limits.kept_bytes) + (1 << 20)   # + the frames' headers
     try:
         with _Mounts(view) as mounts:
             argv = _bwrap_argv(mounts, files, limits, inside_env)
@@ -390,7 +389,7 @@ def run(command: list[str], workdir: Path, keep: list[str], outdir: Path, limits
         cgroups.close()
     returncode = None if timed_out else process.returncode
     failure = ""
-    found = _untar(stdout.data, keep, outdir, limits.file_bytes)
+    found = _unframe(stdout.data, keep, outdir, limits.file_bytes)
     if not timed_out and not found and stderr.data.startswith(b"bwrap:"):
         failure = f"bwrap could not start the sandbox: {printable(stderr.data.decode(errors='replace'))[:300]}"
     return Result(returncode, timed_out, time.monotonic() - start, mode, failure, caps)
@@ -420,19 +419,20 @@ class _Capped(threading.Thread):
         self.data = kept.getvalue()
 
 
-def _untar(data: bytes, keep: list[str], outdir: Path, cap: int) -> bool:
-    """Write the kept files found after the last marker; anything odd in the stream is ignored."""
-    at = data.rfind(_TAR_MARK)
-    if at < 0:
+def _unframe(data: bytes, keep: list[str], outdir: Path, cap: int) -> bool:
+    """Write the kept files the supervisor framed (see ``_SUPERVISOR``); False when the stream does not start
+    with its marker. Parsed from the first byte, with every length checked: no pattern, no tar parser."""
+    if not data.startswith(_MARK):
         return False
-    wanted = {Path(name).name for name in keep}
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data[at + len(_TAR_MARK):]), mode="r|") as tar:
-            for member in tar:
-                if member.isfile() and member.name in wanted and member.size <= cap:
-                    (outdir / member.name).write_bytes(tar.extractfile(member).read(cap))
-    except (tarfile.TarError, OSError, EOFError):
-        pass
+    at, seen = len(_MARK), set()
+    while at + 10 <= len(data):
+        index, size = int.from_bytes(data[at:at + 2], "big"), int.from_bytes(data[at + 2:at + 10], "big")
+        at += 10
+        if index >= len(keep) or index in seen or size > cap or at + size > len(data):
+            break   # the stream was cut by the grader's cap, or is not the supervisor's: keep what came before
+        seen.add(index)
+        (outdir / Path(keep[index]).name).write_bytes(data[at:at + size])
+        at += size
     return True
 
 

@@ -569,3 +569,27 @@ def test_a_submission_that_judging_cannot_finish_gets_a_zero_row_with_the_reason
     row = grade_module.grade_one(tmp_path / "slow.ipynb", tmp_path / "out", options)
     assert sum(row.points.values()) == 0 and not row.failed
     assert all("judging took longer than 0.5 s" in why for why in row.reasons.values()), row.reasons
+
+
+def test_the_executed_notebook_given_to_the_instructor_runs_nothing_in_any_viewer():
+    """An outside review: nbconvert's HTML export turned an image's width and a Markdown answer into script."""
+    from nbconvert import HTMLExporter
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("My answer <img src=x onerror=alert(2)>", metadata={"jupyter": {"source_hidden": True}}),
+        nbformat.v4.new_code_cell("x", metadata={"trusted": True, "course": {"answer": True}}, outputs=[
+            nbformat.v4.new_output("display_data", {"image/png": "AAAA", "text/html": "<script>alert(1)</script>",
+                                                     "application/javascript": "alert(1)", "image/svg+xml": "<svg/>"},
+                                   metadata={"image/png": {"width": "1 onerror=alert(document.domain)", "height": 20}}),
+            nbformat.v4.new_output("display_data", {"application/vnd.jupyter.widget-view+json": {"model_id": "m"}}),
+            nbformat.v4.new_output("stream", name="stdout", text="kept\n")])],
+        metadata={"widgets": {"state": {}}, "trusted": True})
+    clean = grade_module.inert(nb)
+    html = HTMLExporter().from_notebook_node(clean)[0]
+    import re
+    handlers = re.findall(r"<[a-zA-Z][^>]*\son[a-z]+=[^>]*>", html)    # an element with an event handler
+    assert not handlers and "alert(1)" not in html and "<svg" not in html, handlers[:3]
+    assert "My answer &lt;img" in html   # the answer's text is shown, as text
+    code = clean.cells[1]
+    assert [list(o.get("data", {})) for o in code.outputs] == [["image/png"], []]
+    assert code.outputs[0].metadata == {"image/png": {"height": 20}} and code.metadata == {"course": {"answer": True}}
+    assert clean.cells[0].metadata == {} and "widgets" not in clean.metadata and "trusted" not in clean.metadata

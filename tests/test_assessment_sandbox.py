@@ -317,3 +317,23 @@ def test_processes_of_one_sandbox_cannot_trace_or_read_each_other(tmp_path):
     """, keep=["seen.txt"], wall_s=60)
     assert eval((out / "seen.txt").read_text()) == [(-1, 1), (-1, 1)]   # EPERM, both
     assert any("seccomp" in cap for cap in result.caps), result.caps
+
+
+@needs_namespaces
+def test_a_kept_file_cannot_pass_for_the_frames_of_the_others(tmp_path):
+    """An outside review: the grader once parsed what came back from the last marker, so a kept file holding
+    the marker and a tar of its own replaced every other file (and a pax header there made Python's tar
+    parser backtrack for minutes, in the grader's own process)."""
+    result, out = run_script(tmp_path, """
+        import io, tarfile
+        forged = io.BytesIO()
+        with tarfile.open(fileobj=forged, mode="w") as tar:
+            info = tarfile.TarInfo("answer.txt")
+            info.size = 6
+            tar.addfile(info, io.BytesIO(b"forged"))
+        frame = (1).to_bytes(2, "big") + (6).to_bytes(8, "big") + b"forged"
+        marker = b"\\n--course-sandbox-files--\\n"
+        open("carrier.bin", "wb").write(marker + forged.getvalue() + marker + frame)
+        open("answer.txt", "w").write("honest")
+    """, keep=["carrier.bin", "answer.txt"], wall_s=60)
+    assert result.returncode == 0 and (out / "answer.txt").read_text() == "honest"

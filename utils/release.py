@@ -116,7 +116,7 @@ def source_notebooks(root: Path = COURSE_ROOT) -> list[Path]:
 # where they grade a learner's own notebook, but never in the grader's sandbox.
 BUNDLE_FILES = ("Makefile", "pyproject.toml", "environment.yml", "README.md", ".gitignore")
 BUNDLE_FOLDERS = ("utils",)
-ASSESSMENT_MODULES = ("__init__.py", "settings.py", "criteria.py", "job.py", "run_notebook.py",
+ASSESSMENT_MODULES = ("__init__.py", "settings.py", "criteria.py", "job.py", "run_notebook.py", "supervised.py",
                       "submission.py", "grade.py", "judging.py", "sandbox.py", "cgroups.py", "model_file.py")
 GRADER_ONLY = ("grade.py", "judging.py", "sandbox.py", "cgroups.py", "model_file.py")   # left out of the sandbox's view
 # The library's own tests: none of them holds a lab's or the assessment's solution.
