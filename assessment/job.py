@@ -216,4 +216,5 @@ def check_job(script, seed: int = 0) -> None:
 
 
 if __name__ == "__main__":   # the grader's sandbox: python -m assessment.job SCRIPT FOLDER SEED
+    supervised.forget_working_folder()   # the script's folder: it may write modules there
     run(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]))

@@ -67,6 +67,7 @@ class CappedClient(NotebookClient):
 def main(argv=None) -> int:
     source, target, cell_timeout = (argv or sys.argv[1:])[:3]
     supervised.protect()   # in the grader's sandbox: the kernel (same uid) cannot trace this runner
+    supervised.forget_working_folder()
     nb = nbformat.read(source, as_version=4)
     client = CappedClient(nb, km=project_kernel_manager(), timeout=int(cell_timeout), allow_errors=True,
                           resources={"metadata": {"path": "."}})

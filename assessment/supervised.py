@@ -53,3 +53,13 @@ def _zombie(pid: str) -> bool:
             return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
     except (OSError, IndexError):
         return True   # gone already
+
+
+def forget_working_folder() -> None:
+    """Inside the sandbox: drop the working folder from ``sys.path`` (``python -m`` puts it first): the
+    submission writes files there while this process runs, and a module imported later must never be one."""
+    import sys
+    if not supervised():
+        return
+    here = os.path.realpath(os.getcwd())
+    sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != here]
