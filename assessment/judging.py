@@ -55,8 +55,10 @@ def call(step: str, *args, seconds: float = SECONDS, memory_bytes: int = MEMORY_
     except ValueError:
         answer = None
     if not isinstance(answer, dict) or "result" not in answer:
-        why = "ran out of memory" if b"MemoryError" in child.stderr[-4000:] else f"exit status {child.returncode}"
-        raise JudgingError(f"judging failed ({step}: {why})")
+        tail = child.stderr[-8000:]
+        if any(sign in tail for sign in (b"MemoryError", b"Cannot allocate memory", b"failed to map segment")):
+            raise JudgingError(f"judging ran out of its memory limit of {memory_bytes >> 20} MiB ({step})")
+        raise JudgingError(f"judging failed ({step}: exit status {child.returncode})")
     return answer["result"]
 
 
@@ -86,6 +88,12 @@ def _child() -> None:
     request = json.loads(sys.stdin.read())
     import torch   # imported before the limit: torch alone maps ~3 GB of address space
     torch.set_num_threads(1)
+    # Everything the step imports is loaded before the limit too (a shared library that cannot be mapped
+    # fails as an ImportError, not as the submission's doing); nbformat's schema validators load lazily.
+    import nbformat
+    nbformat.validate(nbformat.v4.new_notebook())
+    module, name = STEPS[request["step"]]
+    step = getattr(importlib.import_module(module), name)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     with open("/proc/self/statm") as f:   # pages the interpreter and torch already map
         mapped = int(f.read().split()[0]) * resource.getpagesize()
@@ -94,6 +102,5 @@ def _child() -> None:
     if hard != resource.RLIM_INFINITY:
         limit = min(limit, hard)
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    module, name = STEPS[request["step"]]
-    result = getattr(importlib.import_module(module), name)(*request["args"])
+    result = step(*request["args"])
     print("\n" + json.dumps({"result": result}), flush=True)

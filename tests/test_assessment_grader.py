@@ -558,8 +558,9 @@ def test_judging_runs_in_a_child_with_its_own_limits(tmp_path):
     big = instructor()
     cell(big, SCRIPT).source += "\n# " + "x" * 15_000_000
     nbformat.write(big, tmp_path / "big.ipynb")
-    with pytest.raises(judging.JudgingError, match="memory"):
-        judging.call("prepare", str(tmp_path / "big.ipynb"), *args[1:], memory_bytes=8 << 20)
+    with pytest.raises(judging.JudgingError, match="ran out of its memory limit of 64 MiB"):
+        judging.call("prepare", str(tmp_path / "big.ipynb"), *args[1:], memory_bytes=64 << 20)
+    assert judging.call("prepare", *args, memory_bytes=64 << 20)["refused"] == ""   # the real one fits
 
 
 def test_a_submission_that_judging_cannot_finish_gets_a_zero_row_with_the_reason(tmp_path):
