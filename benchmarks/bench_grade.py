@@ -3,7 +3,9 @@
 Grades a folder of N copies of the instructor edition (correct submissions, the slowest kind:
 every cell and every run of the script goes to its end) with ``--jobs 1`` and then ``--jobs J`` (unless J is 1),
 in the default (full) configuration unless ``--quick``, and checks that both CSVs are identical and give full
-marks. Reports seconds per submission for each and the speed-up (serial time / parallel time).
+marks. Reports seconds per submission for each and the speed-up (serial time / parallel time), and,
+beside them, the seconds of running the same notebook once headless (``utils.course``, as a learner's
+"run all", its check cell included): grading's overhead is the ratio of the two.
 
     .venv/bin/python benchmarks/bench_grade.py [--copies 2] [--jobs 2] [--quick] [--json PATH]
 """
@@ -37,6 +39,16 @@ def grade(folder: Path, out: Path, jobs: int, quick: bool) -> tuple[float, str]:
     return time.perf_counter() - start, isolation.split("isolation: ", 1)[-1]
 
 
+def run_once(quick: bool, out: Path) -> float:
+    """Seconds to run the instructor edition once, headless, as ``utils.course`` does (no sandbox, no grader)."""
+    command = [sys.executable, "-m", "utils.course", "--no-html", "--out", str(out),
+               str(ROOT / "assessment" / "assessment.ipynb")]
+    start = time.perf_counter()
+    subprocess.run(command[:3] + (["--quick"] if quick else []) + command[3:], cwd=ROOT, check=True,
+                   capture_output=True, text=True)
+    return time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--copies", type=int, default=2)
@@ -50,6 +62,7 @@ def main() -> None:
         folder.mkdir()
         for i in range(args.copies):
             shutil.copy(ROOT / "assessment" / "assessment.ipynb", folder / f"correct_{i}.ipynb")
+        notebook = run_once(args.quick, scratch / "once")
         serial, isolation = grade(folder, scratch / "serial", 1, args.quick)
         csv_serial = (scratch / "serial" / "grades.csv").read_text()
         if args.jobs > 1:
@@ -62,7 +75,9 @@ def main() -> None:
         shutil.rmtree(scratch, ignore_errors=True)
     result = {"benchmark": "grade", "date": datetime.date.today().isoformat(), "machine": machine.describe(),
               "mode": "quick" if args.quick else "full", "copies": args.copies, "jobs": args.jobs,
+              "notebook_once_s": round(notebook, 1),
               "serial_s_per_submission": round(serial / args.copies, 1),
+              "grading_over_notebook": round(serial / args.copies / notebook, 2),
               "parallel_s_per_submission": parallel and round(parallel / args.copies, 1),
               "speedup": parallel and round(serial / parallel, 2), "csv_identical": same, "full_marks": full,
               "isolation": isolation}
