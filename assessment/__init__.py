@@ -7,6 +7,7 @@
   grader, or in the notebook's check cell).
 - ``grade``: ``make grade SUBMISSIONS=folder``; it uses ``submission`` (validate a notebook and rebuild
   it around the learner's cells), ``sandbox`` (the bubblewrap boundary and limits), ``cgroups`` (the
-  whole-submission caps), ``run_notebook`` (execute it) and ``model_file`` (saved models, loaded as
-  untrusted input).
+  whole-submission caps), ``run_notebook`` (execute it), ``supervised`` (what the sandboxed runner and
+  job do before writing their results), ``judging`` (everything that reads a submission's files, in a
+  limited child process) and ``model_file`` (saved models, loaded as untrusted input).
 """
