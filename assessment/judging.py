@@ -84,7 +84,6 @@ STEPS = {"prepare": ("assessment.judging", "_prepare"), "judge": ("assessment.gr
 
 
 def _child() -> None:
-    import resource
     request = json.loads(sys.stdin.read())
     import torch   # imported before the limit: torch alone maps ~3 GB of address space
     torch.set_num_threads(1)
@@ -94,13 +93,7 @@ def _child() -> None:
     nbformat.validate(nbformat.v4.new_notebook())
     module, name = STEPS[request["step"]]
     step = getattr(importlib.import_module(module), name)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    with open("/proc/self/statm") as f:   # pages the interpreter and torch already map
-        mapped = int(f.read().split()[0]) * resource.getpagesize()
-    limit = mapped + request["memory_bytes"]
-    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
-    if hard != resource.RLIM_INFINITY:
-        limit = min(limit, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    from assessment.model_file import cap_address_space
+    cap_address_space(request["memory_bytes"])
     result = step(*request["args"])
     print("\n" + json.dumps({"result": result}), flush=True)

@@ -270,19 +270,25 @@ def load_and_check(src, expected: dict):
     return (None, why) if why else (state, None)
 
 
-def _child() -> None:
+def cap_address_space(extra_bytes: int) -> None:
+    """In a child that reads untrusted files: no core dumps, and an address space of what this process
+    already maps (the interpreter, torch) plus ``extra_bytes``."""
     import resource
-    request = json.loads(sys.stdin.read())
-    import torch
-    torch.set_num_threads(1)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     with open("/proc/self/statm") as f:  # size in pages: what the interpreter and torch already map
         mapped = int(f.read().split()[0]) * resource.getpagesize()
-    limit = mapped + request["memory_bytes"]
+    limit = mapped + extra_bytes
     hard = resource.getrlimit(resource.RLIMIT_AS)[1]
     if hard != resource.RLIM_INFINITY:  # the grader may itself run under a limit; one cannot raise it
         limit = min(limit, hard)
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _child() -> None:
+    request = json.loads(sys.stdin.read())
+    import torch
+    torch.set_num_threads(1)
+    cap_address_space(request["memory_bytes"])
     expected = {k: (tuple(shape), getattr(torch, dtype)) for k, shape, dtype in request["expected"]}
     state, why = load_and_check(request["src"], expected)
     if state is not None:
