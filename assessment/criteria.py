@@ -15,5 +15,22 @@ CRITERIA = {
                    "group down instead of waiting for the others"),
     "refusal": (1, "a global batch the processes cannot share equally is refused by every rank before training"),
     "target": (4, "two consecutive checkpoints of your run that counts reach the target accuracy on held-out images "
-                  "made at grading time"),
+                  "made at grading time, and its last checkpoint stays at the floor or above"),
 }
+
+
+def target_held(accuracies: list, target: float, floor: float) -> tuple[int | None, str]:
+    """The target rule, on the accuracies of the checkpoints after epochs 1, 2, ... (None: a checkpoint missing,
+    refused or not new, which breaks a pair): (the first epoch of the first pair of consecutive checkpoints at or
+    above ``target``, or None; why not, or ""). A pair counts only if the last checkpoint is at ``floor`` or above:
+    a run that reaches the target and then collapses has not held it."""
+    for epoch in range(1, len(accuracies)):
+        pair = accuracies[epoch - 1:epoch + 1]
+        if all(a is not None and a >= target for a in pair):
+            last = accuracies[-1]
+            if last is None or last < floor:
+                shown = "is missing or was not evaluated" if last is None else f"has accuracy {last:.3f}"
+                return None, (f"reached the target {target:.2f} after epochs {epoch} and {epoch + 1}, but the last "
+                              f"checkpoint {shown}, not at the floor {floor:.2f} or above: the run did not hold the target")
+            return epoch, ""
+    return None, f"the target is {target:.2f} at two consecutive epochs"

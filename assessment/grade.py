@@ -101,14 +101,15 @@ def _fresh_images(seed: int):
 
 
 def judge_checkpoints(folder: Path, seed: int) -> tuple[bool, str]:
-    """Whether two consecutive epochs' checkpoints reach the target on fresh images, and the feedback.
+    """Whether two consecutive epochs' checkpoints reach the target on fresh images and the last one stays at the
+    floor or above (``criteria.target_held``), and the feedback.
 
     Every checkpoint is evaluated on the same fresh images. A checkpoint identical to the one before it
     is not a new evaluation (one model saved under several names, or a "best so far" copy), and a
     missing or refused one breaks the run of evaluations."""
     import torch
 
-    from . import settings
+    from . import criteria, settings
     names = f"{settings.checkpoint_name(1)} to {settings.checkpoint_name(settings.EPOCHS)}"
     accuracies, refused, previous = [], [], None
     for epoch in range(1, settings.EPOCHS + 1):
@@ -127,18 +128,18 @@ def judge_checkpoints(folder: Path, seed: int) -> tuple[bool, str]:
     shown = ", ".join("missing" if a is None else "same as before" if a == "same" else f"{a:.3f}"
                       for a in accuracies)
     summary = f"accuracy of your checkpoints after epochs 1-{settings.EPOCHS} on {settings.EVAL_SIZE} fresh held-out images: {shown}"
-    for epoch in range(1, settings.EPOCHS):
-        pair = accuracies[epoch - 1:epoch + 1]
-        if all(isinstance(a, float) and a >= settings.TARGET for a in pair):
-            return True, f"{summary}; at or above the target {settings.TARGET:.2f} after epochs {epoch} and {epoch + 1}"
+    first, why_not = criteria.target_held([a if isinstance(a, float) else None for a in accuracies],
+                                          settings.TARGET, settings.FLOOR)
+    if first is not None:
+        return True, (f"{summary}; at or above the target {settings.TARGET:.2f} after epochs {first} and {first + 1}, "
+                      f"and the last one at the floor {settings.FLOOR:.2f} or above")
     notes = []
     if "same" in accuracies:
         notes.append("a checkpoint identical to the one before it is not a new evaluation: save the model as it is "
                      "after each epoch")
     if None in accuracies:
         notes.append(f"a missing or refused checkpoint breaks the run ({names})" + (f"; {refused[0]}" if refused else ""))
-    return False, (f"{summary}; the target is {settings.TARGET:.2f} at two consecutive epochs"
-                   + "".join(f". Note: {n}" for n in notes))
+    return False, f"{summary}; {why_not}" + "".join(f". Note: {n}" for n in notes)
 
 
 def job_script(nb: nbformat.NotebookNode) -> str:
@@ -196,13 +197,15 @@ def _grade(path: Path, out: Path, options: argparse.Namespace, grade: Grade) -> 
             return
         grade.notes = list(prepared["notes"])
         env = {"COURSE_QUICK": "1" if options.quick else "0", "PYTHONPATH": options.course}
+        counted = secrets.randbelow(2**31) if getattr(options, "counted_seed", None) is None else options.counted_seed
         view = {options.course_dir: options.course} if options.course_dir else None
         command = [sys.executable, "-m", "assessment.run_notebook", "submission.ipynb", "executed.ipynb",
                    str(options.cell_timeout)]
         checkpoints = [f"{settings.CHECKPOINT_DIR}/{settings.checkpoint_name(e)}" for e in range(1, settings.EPOCHS + 1)]
         records = [f"{settings.RECORD_DIR}/rank{r}.json" for r in range(settings.WORKERS)]
         result = sandbox.run(command, work, ["executed.ipynb", *checkpoints, *records], ran,
-                             sandbox.Limits(wall_s=options.notebook_timeout), env, options.mode, view)
+                             sandbox.Limits(wall_s=options.notebook_timeout),
+                             {**env, settings.SEED_VARIABLE: str(counted)}, options.mode, view)
         if result.failure:  # not the submission's doing: the instructor must see it
             print(f"grader: {result.failure}", file=sys.stderr)
         seed = secrets.randbelow(2**31)   # the tiny job's shuffles and initial weights: new for every submission
@@ -214,10 +217,12 @@ def _grade(path: Path, out: Path, options: argparse.Namespace, grade: Grade) -> 
         (out / "executed").mkdir(parents=True, exist_ok=True)
         run = {"returncode": result.returncode, "timed_out": result.timed_out, "failure": result.failure,
                "timeout": options.notebook_timeout}
-        judged = judging.call("judge", str(ran), run, str(job_out), seed, ran_job.failure, secrets.randbelow(2**31),
+        judged = judging.call("judge", str(ran), run, counted, str(job_out), seed, ran_job.failure, secrets.randbelow(2**31),
                               str(out / "executed" / f"{safe_name(path.stem)}.ipynb"), seconds=options.judge_timeout)
         grade.ran = judged["ran"]
-        grade.notes = ([judged["run_problem"]] if judged["run_problem"] else []) + grade.notes + judged["notes"]
+        grade.notes = ([judged["run_problem"]] if judged["run_problem"] else []) + grade.notes + judged["notes"] + [
+            f"the run that counts ran at seed {counted}, drawn by the grader (make grade ... GRADE_ARGS=--counted-seed "
+            f"{counted} runs it at that seed again)"]
         for name, reason in judged["verdicts"].items():
             grade.points[name] = criteria[name][0] if reason is None else 0
             if reason:
@@ -231,12 +236,12 @@ def _grade(path: Path, out: Path, options: argparse.Namespace, grade: Grade) -> 
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def judge_returned(ran: str, run: dict, job_out: str, job_seed: int, job_failure: str, eval_seed: int,
-                   executed_to: str) -> dict:
+def judge_returned(ran: str, run: dict, counted_seed: int, job_out: str, job_seed: int, job_failure: str,
+                   eval_seed: int, executed_to: str) -> dict:
     """Every verdict on what the two sandboxes returned (``judging``'s child runs this, under its limits):
     the job's criteria from its scenarios' files, the target from the run that counts' checkpoints and
-    records, the run's report from the final executed notebook, which is written to ``executed_to``
-    without active content."""
+    records (a run at ``counted_seed``, the seed the grader drew for it), the run's report from the final
+    executed notebook, which is written to ``executed_to`` without active content."""
     ran = Path(ran)
     executed = _read_notebook(ran / "executed.ipynb")
     status = run_status(executed, run)
@@ -252,7 +257,7 @@ def judge_returned(ran: str, run: dict, job_out: str, job_seed: int, job_failure
     else:
         verdicts = job.judge(Path(job_out), job_seed, load_job_state)   # a scenario cut off by the time limit fails
     reached, why = judge_checkpoints(ran, eval_seed)   # kept files come back by base name
-    if reached and (unlike := job.judge_counted_run(ran)):    # they count only from a run at the assessment's settings
+    if reached and (unlike := job.judge_counted_run(ran, counted_seed)):    # they count only from a run at the assessment's settings
         reached, why = False, f"{why}; but they do not count: {unlike}"
     problem = status["problem"]
     if not reached and problem:
@@ -448,6 +453,9 @@ def main(argv=None) -> int:
                         help="seconds the runs of the learner's script on the tiny problem may take, all four together")
     parser.add_argument("--judge-timeout", type=float, default=judging.SECONDS,
                         help="seconds each judging step may take (it reads what a submission left, in a child process)")
+    parser.add_argument("--counted-seed", type=int, default=None,
+                        help="the seed of every run that counts (default: a new one drawn for each submission); "
+                             "to reproduce a grading whose seed its feedback names")
     parser.add_argument("--trust-submissions", action="store_true",
                         help="grade without the sandbox's boundary where it cannot be made: only for your own notebook")
     options = parser.parse_args(argv)

@@ -157,14 +157,15 @@ def judge(folder: Path, seed: int, load_state) -> dict[str, str | None]:
     return verdicts
 
 
-def judge_counted_run(folder: Path) -> str | None:
+def judge_counted_run(folder: Path, seed: int) -> str | None:
     """None when the run that counts trained as the assessment sets it, else why not, from the records its
-    processes left (``rank<r>.json`` in ``folder``, written by the probe with ``COURSE_PROBE_CALLS_ONLY``): the
+    processes left (``rank<r>.json`` in ``folder``, written by the probe with ``COURSE_PROBE_CALLS_ONLY``) at the
+    ``seed`` it was given (its samplers must shuffle with it): the
     same judgement of what each rank called and did as the job criterion's, at the assessment's size. Its
     checkpoints count only then: a script that trains one way under the check and another in this run gets
     nothing for the second."""
     from . import settings
-    check = JobCheck("the run that counts", settings.COUNTED_RUN, saved=settings.checkpoint_name(settings.EPOCHS),
+    check = JobCheck("the run that counts", settings.counted_run(seed), saved=settings.checkpoint_name(settings.EPOCHS),
                      optimizer=REPLAYED_OPTIMIZER, checkpoint_every_epoch=True)
     try:
         check.judge_calls(_records(Path(folder), "", settings.WORKERS), settings.WORKERS)

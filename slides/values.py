@@ -118,7 +118,7 @@ def _assessment(out: dict) -> None:
     """The assessment's settings (in the mode the build runs in) and its automatic criteria."""
     from assessment import criteria, settings
 
-    for key in ("WORKERS", "BASE_BATCH", "SCALE", "GLOBAL_BATCH", "EPOCHS", "TARGET", "EVAL_SIZE"):
+    for key in ("WORKERS", "BASE_BATCH", "SCALE", "GLOBAL_BATCH", "EPOCHS", "TARGET", "FLOOR", "EVAL_SIZE"):
         out[f"assessment.{key.lower()}"] = f"{getattr(settings, key):g}"
     rows = [f"| {name} | {points} | {what} |" for name, (points, what) in criteria.CRITERIA.items()]
     out["assessment.criteria"] = "| criterion | points | what the grader checks |\n| --- | --- | --- |\n" + "\n".join(rows)

@@ -6,7 +6,7 @@ feedback and the machine's process table. The one code cell a learner writes is 
 notebook's run that counts). Each hostile submission is the instructor's script plus attacks, so the
 points it keeps show that the attacks neither helped it nor harmed the rest. The escaper tries every
 way out of the sandbox an outside test found in an earlier grader and prints ESCAPED for each that
-works; the thief looks everywhere for the instructor edition.
+works, the instructor edition looked for everywhere among them.
 """
 from __future__ import annotations
 
@@ -28,7 +28,10 @@ from utils.release import learner_notebook
 
 ROOT = INSTRUCTOR.parent.parent
 FULL = sum(points for points, _ in CRITERIA.values())
-GRADER_ARGS = ["--quick", "--cell-timeout", "300", "--notebook-timeout", "900", "--job-timeout", "500"]
+# The runs that count at seed 0, whose quick-mode run passes the target with a margin: a drawn seed's run fell short
+# of the quick target at epoch 2 in about 1 of 20 seeds (measured 0.176-0.277 at 8 seeds), and the batch's verdicts
+# must not depend on the draw. That the grader draws a seed by default is tested without a run, below.
+GRADER_ARGS = ["--quick", "--cell-timeout", "300", "--notebook-timeout", "900", "--job-timeout", "500", "--counted-seed", "0"]
 pytestmark = pytest.mark.timeout(3600)  # the batch is graded once, in the first test's set-up
 
 
@@ -65,8 +68,8 @@ def tampered():
     nb.cells = [c for c in nb.cells if c.id != "asmt-08"]
     nb.cells.insert(1, nb.cells.pop(5))
     run = cell(nb, "asmt-20").source
-    assert "**settings.COUNTED_RUN" in run, "the run that counts changed: update this test"
-    cell(nb, "asmt-20").source = run.replace("**settings.COUNTED_RUN", '**settings.COUNTED_RUN, "global_batch": 32')
+    assert "**settings.counted_run(seed)" in run, "the run that counts changed: update this test"
+    cell(nb, "asmt-20").source = run.replace("**settings.counted_run(seed)", '**settings.counted_run(seed), "global_batch": 32')
     return nb
 
 
@@ -104,8 +107,16 @@ def train(args, rank, world_size, device):      # no training: fake checkpoints,
 """
 
 LEAVER_FLOODER = """
-# Leaves a process behind in its own session, prints a flood and fills the disk, then carries on.
-import subprocess, sys
+# Leaves a process behind in its own session, prints a flood and fills the disk, then carries on; first it
+# plants a read-only status file and prints a lone surrogate and a terminal escape (each once ended the batch).
+import json, subprocess, sys
+try:
+    json.dump({"completed": True, "cell_errors": [{"cell": "x", "message": "\\ud800 \\x1b[2J"}]}, open("status.json", "w"))
+    os.chmod("status.json", 0o444)
+except OSError:       # planted by another rank already
+    pass
+if os.environ.get("RANK") == "0":   # rank 0 only: a line printed by every rank would cost the job criterion
+    print("\\ud800".encode("utf-8", "surrogatepass").decode("utf-8", "replace"), "\\x1b[2J")
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(987)"], start_new_session=True,
                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 if os.environ.get("RANK") == "0":
@@ -171,32 +182,6 @@ def train(args, rank, world_size, device):
             torch.save({k: v.to_sparse() for k, v in torch.load(_path).items()}, _path)
 """.replace("HOST_MARKER", HOST_MARKER)
 
-# Looks for the instructor edition anywhere it can read and runs its script; breaks what it can.
-THIEF = """
-import json, os, sys
-# A status file planted read-only, and a lone surrogate in the output: each once ended the batch.
-json.dump({"completed": True, "cell_errors": [{"cell": "x", "message": "\\ud800 \\x1b[2J"}]}, open("status.json", "w"))
-os.chmod("status.json", 0o444)
-print("\\ud800".encode("utf-8", "surrogatepass").decode("utf-8", "replace"), "\\x1b[2J")
-def _notebooks():
-    for top, dirs, files in os.walk("/"):
-        if top.startswith(("/proc", "/sys", "/dev", "/usr")) or "site-packages" in top:
-            dirs[:] = []
-            continue
-        yield from (os.path.join(top, f) for f in files if f.endswith(".ipynb"))
-for _path in _notebooks():
-    try:
-        _cells = json.load(open(_path))["cells"]
-    except (OSError, ValueError, KeyError):
-        continue
-    for _c in _cells:
-        _text = "".join(_c["source"])
-        if "BEGIN SOLUTION" in _text and _text.startswith("%%writefile"):
-            exec(_text.split("\\n", 1)[1], {"__name__": "__main__"})
-            sys.exit(0)
-"""
-
-
 # Makes judging slow and big: an error text of three million "[" on the ranks that should have refused a batch
 # (its pattern, once quadratic in the grader's own process, stopped every grading thread), and, in the run that counts, a
 # process left behind that rewrites the records (JSON nested 100000 deep, 50 MB) and keeps rewriting the
@@ -240,8 +225,6 @@ def train(args, rank, world_size, device):
 def batch() -> dict:
     learner = learner_notebook(instructor())
     other = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('another course')")])
-    thief = learner_notebook(instructor())
-    cell(thief, SCRIPT).source = "%%writefile {settings.JOB_DIR}/train_job.py\n" + textwrap.dedent(THIEF).strip("\n")
     return {
         "b_learner": learner,
         "c_wrong_at_three": script_with(*WRONG_AT_THREE),
@@ -250,9 +233,9 @@ def batch() -> dict:
         # the script ends every process at once, before any training
         "h_exits": script_with(('    args = parse_args()\n', '    os._exit(3)\n')),
         "i_cheater": script_plus(CHEATER),
-        # every way out of the sandbox, a process left behind, a flood of output and a full disk, in one script
+        # every way out of the sandbox (the instructor edition looked for everywhere), a process left behind, a
+        # flood of output, a full disk and files planted to break the grader, in one script
         "k_escaper": script_plus(LEAVER_FLOODER, base=script_plus(ESCAPER)),
-        "l_thief": thief,
         "p_slow_to_judge": script_plus(SLOW_TO_JUDGE),
         # Files that once ended the whole batch: wrong JSON types, deep nesting, a huge number; and
         # names a spreadsheet would run as formulas.
@@ -411,11 +394,6 @@ def test_no_way_out_of_the_sandbox_works_and_the_attacks_cost_only_the_attacker(
     assert total(table["z_after_the_attacks"]) == FULL, feedback["z_after_the_attacks"]
 
 
-def test_the_instructor_edition_is_nowhere_a_submission_can_read(graded):
-    table, feedback, *_ = graded
-    assert total(table["l_thief"]) == 0, feedback["l_thief"]
-
-
 @pytest.mark.parametrize("name", ["m_wrong_types", "n_deep", "o_huge_number"])
 def test_files_that_once_ended_the_batch_score_zero_with_their_reason(graded, name):
     table, feedback, *_ = graded
@@ -431,12 +409,11 @@ def test_submission_names_cannot_become_spreadsheet_formulas(graded):
     assert all(line.startswith('"') for line in lines), "every field is quoted: a ; in a name stays in its cell"
 
 
-def test_the_thiefs_and_breakers_notebook_scores_zero_and_breaks_nothing(graded):
+def test_planted_files_and_unprintable_output_break_nothing(graded):
     table, feedback, *_ = graded
-    text = feedback["l_thief"]
-    assert total(table["l_thief"]) == 0, text
+    text = feedback["k_escaper"]
     assert "\x1b" not in text and "\ud800" not in text
-    assert "saved no checkpoint" in text, text
+    assert total(table["k_escaper"]) == FULL - CRITERIA["target"][0], text
 
 
 def test_left_processes_a_flood_of_output_and_a_full_disk_do_not_reach_the_grader(graded):
@@ -447,13 +424,15 @@ def test_left_processes_a_flood_of_output_and_a_full_disk_do_not_reach_the_grade
 
 
 def test_grading_in_parallel_gives_the_same_csv_as_grading_one_at_a_time(graded, tmp_path):
+    """The rows that do not depend on a run, graded one at a time, are the batch's (the rows of the runs are
+    checked against their fixed expected points in the tests above, so a run re-graded here would add only time)."""
     table, *_ = graded                                  # the batch was graded two at a time
-    names = ("c_wrong_at_three",)                         # some points, not all
+    names = ("d_invalid_json", "e_other_course", "m_wrong_types", "r_vic~tim", "r_vic_tim")
     write_batch(tmp_path / "few", {name: nb for name, nb in batch().items() if name in names})
     assert grade(tmp_path / "few", tmp_path / "serial", 1).returncode == 0
     serial = rows(tmp_path / "serial")
-    assert {name: serial[name] for name in names} == {name: table[name] for name in names}
-    assert [total(serial[name]) for name in names] == [7]
+    assert set(serial) == {grade_module.csv_cell(sandbox.printable(name)) for name in names}
+    assert serial == {name: table[name] for name in serial}
     assert leftovers() == []
 
 
@@ -594,3 +573,21 @@ def test_the_executed_notebook_given_to_the_instructor_runs_nothing_in_any_viewe
     assert [list(o.get("data", {})) for o in code.outputs] == [["image/png"], []]
     assert code.outputs[0].metadata == {"image/png": {"height": 20}} and code.metadata == {"course": {"answer": True}}
     assert clean.cells[0].metadata == {} and "widgets" not in clean.metadata and "trusted" not in clean.metadata
+
+
+def test_each_submissions_run_that_counts_gets_a_seed_drawn_at_grading_time(tmp_path, monkeypatch):
+    """The seed reaches the notebook's environment and the judgement of the run's records, a new one per submission."""
+    import argparse
+    from assessment import judging, settings
+    given, judged = [], []
+    monkeypatch.setattr(sandbox, "run", lambda command, work, keep, out, limits, env, *rest:
+                        given.append(env.get(settings.SEED_VARIABLE)) or sandbox.Result(0, False, 1.0, "none"))
+    monkeypatch.setattr(judging, "call", lambda step, *args, **kw: {"refused": "", "notes": []} if step == "prepare" else
+                        judged.append(args[2]) or {"ran": True, "run_problem": "", "notes": [], "verdicts": {},
+                                                   "target": [False, "no checkpoint"]})
+    options = argparse.Namespace(judge_timeout=5, quick=True, course=str(ROOT), course_dir=None, mode="none",
+                                 cell_timeout=60, notebook_timeout=60, job_timeout=60, reference_seconds=None)
+    rows = [grade_module.grade_one(ROOT / "assessment" / "assessment.ipynb", tmp_path, options) for _ in range(2)]
+    seeds = [g for g in given if g is not None]
+    assert len(seeds) == 2 and seeds[0] != seeds[1] and [int(s) for s in seeds] == judged, (given, judged)
+    assert all(f"ran at seed {s}," in " ".join(row.notes) for row, s in zip(rows, seeds))

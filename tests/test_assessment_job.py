@@ -122,11 +122,12 @@ import json, os, subprocess, sys
 from pathlib import Path
 from assessment import job, settings
 from utils import export
-options = {**settings.COUNTED_RUN, "out": "checkpoints"}
+seed = settings.counted_seed()    # drawn, as the notebook's run that counts draws it
+options = {**settings.counted_run(seed), "out": "checkpoints"}
 result = export.run(["-m", "utils.checks.job_probe", sys.argv[1], *(f"--{k.replace('_', '-')}={v}" for k, v in options.items())],
                     settings.WORKERS, cwd=".", threads=1, env={"COURSE_PROBE_DIR": "records", "COURSE_PROBE_CALLS_ONLY": "1"},
                     timeout=400)
-print(json.dumps({"code": result.code, "verdict": job.judge_counted_run(Path("records")), "output": result.output[-2000:]}))
+print(json.dumps({"code": result.code, "verdict": job.judge_counted_run(Path("records"), seed), "output": result.output[-2000:]}))
 """
 
 
@@ -145,6 +146,8 @@ UNCHECKED = {   # a script that trains otherwise when the check's simulated GPUs
                                 "                        p -= 0.02 * p.grad\n"
                                 "        dist.all_reduce(totals)"),
                                "weights changed"),
+    # the shuffles of a seed tuned by hand instead of the one drawn for the run that counts
+    "a seed of its own": (("shuffle=True, seed=args.seed)", "shuffle=True, seed=0)"), "seed=0; the job shuffles with the seed it is given"),
 }
 
 

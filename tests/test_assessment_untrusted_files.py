@@ -455,7 +455,7 @@ def test_records_the_script_forged_or_broke_fail_the_criterion_with_a_reason(tmp
         folder.mkdir()
         for rank, record in records.items():
             (folder / f"rank{rank}.json").write_text(record)
-        verdict = job.judge_counted_run(folder)
+        verdict = job.judge_counted_run(folder, 0)
         assert verdict and verdict.startswith("the run that counts"), (name, verdict)
 
 
@@ -520,3 +520,20 @@ def test_refused_checkpoints_say_why_and_missing_ones_break_the_run(tmp_path, mo
     passed, why = grade.judge_checkpoints(tmp_path / "nowhere", 0)
     assert not passed and "saved no checkpoint" in why, why
     assert f"epoch_01.pt to {settings.checkpoint_name(settings.EPOCHS)}" in why, why
+
+
+def test_a_run_that_reaches_the_target_and_then_collapses_has_not_held_it(tmp_path, monkeypatch):
+    """Recorded: linear scaling with warm-up, seed 4, was over the target for epochs and ended at chance."""
+    from assessment import criteria, grade, settings
+    monkeypatch.setattr(settings, "EPOCHS", 4)
+    monkeypatch.setattr(grade, "accuracy_on_fresh_images", _accuracy_by_first_weight)
+    above, chance = settings.TARGET + 0.05, 0.1
+    states = [_model(0.05), _model(above), _model(above + 0.01), _model(chance)]
+    passed, why = grade.judge_checkpoints(_checkpoints(tmp_path / "collapsed", states), 0)
+    assert not passed and "after epochs 2 and 3" in why and f"not at the floor {settings.FLOOR:.2f}" in why, why
+    # the rule alone, as the notebook's verdict uses it: the floor counts only the last checkpoint
+    assert criteria.target_held([0.1, 0.7, 0.7, 0.55], 0.6, 0.5) == (2, "")
+    assert criteria.target_held([0.1, 0.7, 0.7, 0.45], 0.6, 0.5)[0] is None
+    assert criteria.target_held([0.1, 0.7, None, 0.7, 0.7], 0.6, 0.5) == (4, "")
+    assert criteria.target_held([0.7, 0.7, 0.7, None], 0.6, 0.5)[0] is None
+    assert "two consecutive" in criteria.target_held([0.7, 0.5, 0.7], 0.6, 0.5)[1]

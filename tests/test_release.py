@@ -6,6 +6,7 @@ import pytest
 
 from notebook_runner import ROOT, exercise_cells, run_notebook
 from utils import release
+from verdict_rules import contradictions
 
 NOTEBOOKS = release.source_notebooks()
 ids = [p.name for p in NOTEBOOKS]
@@ -118,8 +119,11 @@ def test_learner_edition_stops_at_first_exercise_and_every_check_fails_helpfully
     last = pairs[-1][1]
     learner.cells = learner.cells[:last + 1] + [c for c in learner.cells[-1:] if "cluster.stop()" in c.source]
     nbformat.write(learner, learner_path)
-    result, nb = run_notebook(learner_path, tmp_path / "out", allow_errors=True)
+    record = tmp_path / "verdicts.jsonl"
+    result, nb = run_notebook(learner_path, tmp_path / "out", allow_errors=True, env={"COURSE_VERDICTS": str(record)})
     assert nb is not None, result.stderr
+    wrong = contradictions(record)    # what the given cells printed before the last check, on this machine's cores
+    assert not wrong, f"{path.name}'s learner edition:\n" + "\n".join(wrong)
     errors = [(i, o) for i, c in enumerate(nb.cells) if c.cell_type == "code"
               for o in c.outputs if o.output_type == "error"]
     assert errors, f"{path.name}: the learner edition ran without a single failing check"
