@@ -1,4 +1,5 @@
-"""What the assessment grades: each criterion, its points, and what it checks in the learner's words.
+"""What the assessment grades: each criterion, its points, what it checks in the learner's words, and the two rules
+on the run that counts (``target_held``, ``speed``), which the grader and the notebook's own verdict share.
 
 The grader iterates this table (``assessment.grade``); the notebook prints it. The first three are
 decided by running the learner's torchrun script on a tiny problem (``assessment.job``), the last by
@@ -16,6 +17,9 @@ CRITERIA = {
     "refusal": (1, "a global batch the processes cannot share equally is refused by every rank before training"),
     "target": (4, "two consecutive checkpoints of your run that counts reach the target accuracy on held-out images "
                   "made at grading time, and its last checkpoint stays at the floor or above"),
+    "speed": (2, "your run that counts holds the target within 1.5 times the optimizer steps the course's solution "
+                 "needs (its median over 6 seeds): how fast it trains, counted in steps, so that the verdict is the "
+                 "same on any machine, idle or loaded, CPU or GPU"),
 }
 
 
@@ -34,3 +38,27 @@ def target_held(accuracies: list, target: float, floor: float) -> tuple[int | No
                               f"checkpoint {shown}, not at the floor {floor:.2f} or above: the run did not hold the target")
             return epoch, ""
     return None, f"the target is {target:.2f} at two consecutive epochs"
+
+
+def steps_to_target(first: int, global_batch: int, train_size: int, workers: int) -> int:
+    """The optimizer steps a run took until the second checkpoint of its first held pair (``first``, from
+    ``target_held``): every epoch, each process takes its share of the training set in batches of
+    global_batch / workers (the last one smaller)."""
+    per_rank = global_batch // workers
+    return (first + 1) * -(-(train_size // workers) // per_rank)
+
+
+def speed(first: int | None) -> tuple[bool, str]:
+    """The speed rule: the run that counts, having held the target from epoch ``first``, took at most
+    SPEED_FACTOR x the steps the course's solution takes (``settings.REFERENCE_EPOCHS``). Steps, not seconds: a
+    step costs the same for every submission (the same model, global batch and processes), so the steps are the
+    time to the target up to that constant, whatever the machine, its load or the grader's other work."""
+    from . import settings
+    if first is None:
+        return False, "the run that counts did not hold the target, so it has no time to the target"
+    size = dict(global_batch=settings.GLOBAL_BATCH, train_size=settings.TRAIN_SIZE, workers=settings.WORKERS)
+    mine, reference = steps_to_target(first, **size), steps_to_target(settings.REFERENCE_EPOCHS - 1, **size)
+    said = (f"your run held the target after {mine} optimizer steps (epoch {first + 1}); the course's solution needs "
+            f"{reference} (epoch {settings.REFERENCE_EPOCHS}, its median over 6 seeds), and the limit is "
+            f"{settings.SPEED_FACTOR:g}x that, {settings.SPEED_FACTOR * reference:.0f}")
+    return mine <= settings.SPEED_FACTOR * reference, said

@@ -32,7 +32,6 @@ import secrets
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ from pathlib import Path
 
 import nbformat
 
-from . import job, judging, sandbox
+from . import criteria, job, judging, sandbox
 
 COURSE = "/course"   # where the sandboxes see the grading view of the learner bundle
 
@@ -100,9 +99,10 @@ def _fresh_images(seed: int):
     return data.shapes(num_samples=settings.EVAL_SIZE * 5 // 4 // 10 * 10, seed=seed, difficulty=settings.DIFFICULTY)
 
 
-def judge_checkpoints(folder: Path, seed: int) -> tuple[bool, str]:
+def judge_checkpoints(folder: Path, seed: int) -> tuple[int | None, str]:
     """Whether two consecutive epochs' checkpoints reach the target on fresh images and the last one stays at the
-    floor or above (``criteria.target_held``), and the feedback.
+    floor or above (``criteria.target_held``): the first epoch of the first such pair (None: not reached), and the
+    feedback.
 
     Every checkpoint is evaluated on the same fresh images. A checkpoint identical to the one before it
     is not a new evaluation (one model saved under several names, or a "best so far" copy), and a
@@ -122,8 +122,8 @@ def judge_checkpoints(folder: Path, seed: int) -> tuple[bool, str]:
         previous = state
     if all(a is None for a in accuracies):
         if refused:
-            return False, f"every checkpoint in {settings.CHECKPOINT_DIR}/ was refused, so none could be evaluated: {refused[0]}"
-        return False, (f"your notebook saved no checkpoint in {settings.CHECKPOINT_DIR}/ ({names}): the run that "
+            return None, f"every checkpoint in {settings.CHECKPOINT_DIR}/ was refused, so none could be evaluated: {refused[0]}"
+        return None, (f"your notebook saved no checkpoint in {settings.CHECKPOINT_DIR}/ ({names}): the run that "
                        f"counts did not finish")
     shown = ", ".join("missing" if a is None else "same as before" if a == "same" else f"{a:.3f}"
                       for a in accuracies)
@@ -131,7 +131,7 @@ def judge_checkpoints(folder: Path, seed: int) -> tuple[bool, str]:
     first, why_not = criteria.target_held([a if isinstance(a, float) else None for a in accuracies],
                                           settings.TARGET, settings.FLOOR)
     if first is not None:
-        return True, (f"{summary}; at or above the target {settings.TARGET:.2f} after epochs {first} and {first + 1}, "
+        return first, (f"{summary}; at or above the target {settings.TARGET:.2f} after epochs {first} and {first + 1}, "
                       f"and the last one at the floor {settings.FLOOR:.2f} or above")
     notes = []
     if "same" in accuracies:
@@ -139,7 +139,7 @@ def judge_checkpoints(folder: Path, seed: int) -> tuple[bool, str]:
                      "after each epoch")
     if None in accuracies:
         notes.append(f"a missing or refused checkpoint breaks the run ({names})" + (f"; {refused[0]}" if refused else ""))
-    return False, f"{summary}; {why_not}" + "".join(f". Note: {n}" for n in notes)
+    return None, f"{summary}; {why_not}" + "".join(f". Note: {n}" for n in notes)
 
 
 def job_script(nb: nbformat.NotebookNode) -> str:
@@ -227,11 +227,10 @@ def _grade(path: Path, out: Path, options: argparse.Namespace, grade: Grade) -> 
             grade.points[name] = criteria[name][0] if reason is None else 0
             if reason:
                 grade.reasons[name] = reason
-        reached, why = judged["target"]
-        if reached and (over := _over_time_budget(result.seconds, options)) is not None:
-            reached, why = False, over
-        grade.points["target"] = criteria["target"][0] if reached else 0
-        grade.reasons["target"] = why
+        for name in ("target", "speed"):
+            passed, why = judged[name]
+            grade.points[name] = criteria[name][0] if passed else 0
+            grade.reasons[name] = why
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -256,16 +255,18 @@ def judge_returned(ran: str, run: dict, counted_seed: int, job_out: str, job_see
                           f"{job_failure}" for name in JUDGED}
     else:
         verdicts = job.judge(Path(job_out), job_seed, load_job_state)   # a scenario cut off by the time limit fails
-    reached, why = judge_checkpoints(ran, eval_seed)   # kept files come back by base name
-    if reached and (unlike := job.judge_counted_run(ran, counted_seed)):    # they count only from a run at the assessment's settings
-        reached, why = False, f"{why}; but they do not count: {unlike}"
+    first, why = judge_checkpoints(ran, eval_seed)   # kept files come back by base name
+    if first is not None and (unlike := job.judge_counted_run(ran, counted_seed)):   # counted only at its settings
+        first, why = None, f"{why}; but they do not count: {unlike}"
+    reached = first is not None
     problem = status["problem"]
     if not reached and problem:
         why = f"{problem}; {why}"
     cut = functools.partial(_cut, limit=2000)
     return {"ran": status["completed"] and executed is not None and not run["timed_out"],
             "run_problem": cut(problem), "notes": [cut(n) for n in notes],
-            "verdicts": {k: None if v is None else cut(v) for k, v in verdicts.items()}, "target": [reached, cut(why)]}
+            "verdicts": {k: None if v is None else cut(v) for k, v in verdicts.items()}, "target": [reached, cut(why)],
+            "speed": list(criteria.speed(first))}
 
 
 def _cut(text: str, limit: int) -> str:
@@ -355,40 +356,6 @@ def without_checks(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     nb = nbformat.from_dict(nb)
     nb.cells = [c for c in nb.cells if not (c.cell_type == "code" and "check_job(" in c.source)]
     return nb
-
-
-def _over_time_budget(seconds: float, options) -> str | None:
-    """Where every worker has a GPU, the data-parallel job must also be fast: the whole notebook run, timed
-    by the grader outside the sandbox, may take at most TIME_FACTOR x the instructor edition's run, timed
-    the same way on the same machine in the same batch. Elsewhere the engines share the CPU cores, and
-    time says little about the learner's code: no budget."""
-    from . import settings
-    reference = options.reference_seconds() if options.reference_seconds else None
-    if not reference or seconds <= settings.TIME_FACTOR * reference:
-        return None
-    return (f"on this machine's GPUs your notebook took {seconds:.1f} s, more than {settings.TIME_FACTOR} x the "
-            f"{reference:.1f} s of the course's own solution run by the grader in the same batch")
-
-
-def _instructor_seconds(options) -> float | None:
-    """The wall time of the instructor edition's notebook run, measured once per batch (GPU machines only)."""
-    import torch
-    from . import settings
-    if torch.cuda.device_count() < settings.WORKERS:
-        return None
-    from .submission import INSTRUCTOR
-    scratch = Path(tempfile.mkdtemp(prefix="course-grade-"))
-    try:
-        (scratch / "notebook").mkdir()
-        nbformat.write(without_checks(nbformat.read(INSTRUCTOR, as_version=4)), scratch / "notebook" / "submission.ipynb")
-        env = {"COURSE_QUICK": "1" if options.quick else "0", "PYTHONPATH": options.course}
-        result = sandbox.run([sys.executable, "-m", "assessment.run_notebook", "submission.ipynb", "executed.ipynb",
-                              str(options.cell_timeout)], scratch / "notebook", [], scratch / "out",
-                             sandbox.Limits(wall_s=options.notebook_timeout), env, options.mode,
-                             {options.course_dir: options.course} if options.course_dir else None)
-        return result.seconds if result.returncode == 0 else None
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def feedback(grade: Grade) -> str:
@@ -488,13 +455,6 @@ def main(argv=None) -> int:
         else:
             options.course, options.course_dir = COURSE, str(views / "course")
             write_release(views / "course", for_grading=True)
-        lock = threading.Lock()
-
-        @functools.cache
-        def reference_seconds():
-            with lock:  # measured once per batch, never twice at once
-                return _instructor_seconds(options)
-        options.reference_seconds = reference_seconds
         caps = sandbox.whole_submission_caps() if options.mode != "none" else []
         print(f"grading {len(paths)} submission(s), {options.jobs} at a time; isolation: {options.mode}"
               + (f" as uid {sandbox.sandbox_uid()}" if sandbox.sandbox_uid() is not None else "")

@@ -118,8 +118,10 @@ def _assessment(out: dict) -> None:
     """The assessment's settings (in the mode the build runs in) and its automatic criteria."""
     from assessment import criteria, settings
 
-    for key in ("WORKERS", "BASE_BATCH", "SCALE", "GLOBAL_BATCH", "EPOCHS", "TARGET", "FLOOR", "EVAL_SIZE"):
+    for key in ("WORKERS", "BASE_BATCH", "SCALE", "GLOBAL_BATCH", "EPOCHS", "TARGET", "FLOOR", "EVAL_SIZE", "REFERENCE_EPOCHS"):
         out[f"assessment.{key.lower()}"] = f"{getattr(settings, key):g}"
+    out["assessment.speed_factor"] = f"{settings.SPEED_FACTOR:g}"
+    out["assessment.latest_epoch"] = str(int(settings.SPEED_FACTOR * settings.REFERENCE_EPOCHS))
     rows = [f"| {name} | {points} | {what} |" for name, (points, what) in criteria.CRITERIA.items()]
     out["assessment.criteria"] = "| criterion | points | what the grader checks |\n| --- | --- | --- |\n" + "\n".join(rows)
     out["assessment.points"] = str(sum(points for points, _ in criteria.CRITERIA.values()))

@@ -339,7 +339,7 @@ def test_the_learner_edition_scores_zero_and_says_why(graded):
 def test_a_job_right_on_two_processes_but_wrong_on_three_loses_the_job_criterion_only(graded):
     table, feedback, *_ = graded
     row = table["c_wrong_at_three"]
-    assert (int(row["job"]), int(row["failure"]), int(row["refusal"]), int(row["target"])) == (0, 2, 1, 4), \
+    assert (int(row["job"]), int(row["failure"]), int(row["refusal"]), int(row["target"]), int(row["speed"])) == (0, 2, 1, 4, 2), \
         feedback["c_wrong_at_three"]
     assert "3 processes" in feedback["c_wrong_at_three"] and "in batches of" in feedback["c_wrong_at_three"]
 
@@ -388,7 +388,7 @@ def test_no_way_out_of_the_sandbox_works_and_the_attacks_cost_only_the_attacker(
     assert "ESCAPED" not in outputs, [line for line in outputs.split("\\n") if "ESCAPED" in line][:5]
     assert executed.stat().st_size < 4 << 20, "display updates went past the output cap"
     row = table["k_escaper"]
-    assert total(row) == FULL - CRITERIA["target"][0], feedback["k_escaper"]
+    assert total(row) == FULL - CRITERIA["target"][0] - CRITERIA["speed"][0], feedback["k_escaper"]
     assert "sparse" in feedback["k_escaper"]
     assert not list(sandbox.Path(sys.prefix).glob("lib/python*/site-packages/course-evil.pth"))
     assert total(table["z_after_the_attacks"]) == FULL, feedback["z_after_the_attacks"]
@@ -413,12 +413,12 @@ def test_planted_files_and_unprintable_output_break_nothing(graded):
     table, feedback, *_ = graded
     text = feedback["k_escaper"]
     assert "\x1b" not in text and "\ud800" not in text
-    assert total(table["k_escaper"]) == FULL - CRITERIA["target"][0], text
+    assert total(table["k_escaper"]) == FULL - CRITERIA["target"][0] - CRITERIA["speed"][0], text
 
 
 def test_left_processes_a_flood_of_output_and_a_full_disk_do_not_reach_the_grader(graded):
     table, feedback, out, _ = graded
-    assert total(table["k_escaper"]) == FULL - CRITERIA["target"][0], feedback["k_escaper"]   # its sparse checkpoints
+    assert total(table["k_escaper"]) == FULL - CRITERIA["target"][0] - CRITERIA["speed"][0], feedback["k_escaper"]   # sparse
     assert leftovers() == []
     assert (out / "executed" / "k_escaper.ipynb").stat().st_size < 8 << 20
 
@@ -436,20 +436,18 @@ def test_grading_in_parallel_gives_the_same_csv_as_grading_one_at_a_time(graded,
     assert leftovers() == []
 
 
-def test_the_gpu_time_budget_is_the_graders_own_timing_against_the_solutions_run(monkeypatch):
-    """Only where every worker has a GPU; both times taken by the grader outside the sandbox."""
-    import argparse
-
-    import torch
-
-    from assessment import settings
-    options = argparse.Namespace(reference_seconds=lambda: 100.0)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: settings.WORKERS)
-    assert grade_module._over_time_budget(100.0 * settings.TIME_FACTOR, options) is None
-    assert "took 250.0 s" in grade_module._over_time_budget(250.0, options)
-    monkeypatch.setattr(grade_module, "_instructor_seconds", lambda options: None)  # no GPU per worker: no budget
-    options = argparse.Namespace(reference_seconds=lambda: grade_module._instructor_seconds(options))
-    assert grade_module._over_time_budget(1e6, options) is None
+def test_the_speed_rule_counts_steps_against_the_solutions_with_a_margin(monkeypatch):
+    """A right answer 20% slower than the solution passes, one 3 times slower fails; full-mode sizes."""
+    from assessment import criteria, settings
+    for name, value in dict(REFERENCE_EPOCHS=10, SPEED_FACTOR=1.5, GLOBAL_BATCH=512, TRAIN_SIZE=9600, WORKERS=2).items():
+        monkeypatch.setattr(settings, name, value)
+    steps = criteria.steps_to_target(9, 512, 9600, 2)
+    assert steps == 10 * 19, steps            # 4800 images per process in batches of 256: 19 steps an epoch
+    assert criteria.speed(9)[0] and criteria.speed(11)[0]      # the solution's median; 20% slower
+    assert criteria.speed(14)[0] and not criteria.speed(15)[0]  # 1.5x: epoch 15 holds, 16 does not
+    fast, said = criteria.speed(29)                             # 3x slower
+    assert not fast and "after 570 optimizer steps" in said and "needs 190" in said and "limit is 1.5x that, 285" in said
+    assert criteria.speed(None) == (False, "the run that counts did not hold the target, so it has no time to the target")
 
 
 def test_restore_refuses_what_is_not_a_notebook_and_names_missing_cells(tmp_path):
@@ -505,7 +503,7 @@ def test_text_built_to_make_judging_slow_and_huge_records_cost_only_their_own_po
     """A refusal replaced by an error of three million "[" once held the grader's interpreter lock for hours."""
     table, feedback, *_ = graded
     row, text = table["p_slow_to_judge"], feedback["p_slow_to_judge"]
-    assert (int(row["job"]), int(row["refusal"]), int(row["target"])) == (CRITERIA["job"][0], 0, 0), text
+    assert (int(row["job"]), int(row["refusal"]), int(row["target"]), int(row["speed"])) == (CRITERIA["job"][0], 0, 0, 0), text
     assert "could not be read" in text, text   # the records rewritten after the run: nested too deep, 50 MB
     assert "refused it, but rank 1" in text and "[[[[" in text, text   # the text, cut, reached the feedback
     assert len(text) < 40_000 and "[" * 5000 not in text
@@ -584,9 +582,9 @@ def test_each_submissions_run_that_counts_gets_a_seed_drawn_at_grading_time(tmp_
                         given.append(env.get(settings.SEED_VARIABLE)) or sandbox.Result(0, False, 1.0, "none"))
     monkeypatch.setattr(judging, "call", lambda step, *args, **kw: {"refused": "", "notes": []} if step == "prepare" else
                         judged.append(args[2]) or {"ran": True, "run_problem": "", "notes": [], "verdicts": {},
-                                                   "target": [False, "no checkpoint"]})
+                                                   "target": [False, "no checkpoint"], "speed": [False, "no target"]})
     options = argparse.Namespace(judge_timeout=5, quick=True, course=str(ROOT), course_dir=None, mode="none",
-                                 cell_timeout=60, notebook_timeout=60, job_timeout=60, reference_seconds=None)
+                                 cell_timeout=60, notebook_timeout=60, job_timeout=60)
     rows = [grade_module.grade_one(ROOT / "assessment" / "assessment.ipynb", tmp_path, options) for _ in range(2)]
     seeds = [g for g in given if g is not None]
     assert len(seeds) == 2 and seeds[0] != seeds[1] and [int(s) for s in seeds] == judged, (given, judged)

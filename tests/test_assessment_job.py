@@ -27,6 +27,10 @@ MISTAKES = {
     # right on 2 processes of one node, wrong on 3
     "per-rank batch written for 2": ([("batch_size=args.global_batch // world_size", "batch_size=args.global_batch // 2")],
                                      "in batches of [6, 4]"),
+    # found by an outside review: ended with gloo's size-mismatch error instead of a message about the batch
+    "per-rank batch from LOCAL_WORLD_SIZE": ([("batch_size=args.global_batch // world_size",
+                                               "batch_size=args.global_batch // int(os.environ['LOCAL_WORLD_SIZE'])")],
+                                             "yours divide by LOCAL_WORLD_SIZE"),
     "never tears down": ([(TEARDOWN, "    train(args, rank, world_size, device)")],
                          "never called dist.destroy_process_group"),
     "trains on rank 0 only": ([("    dataset = data.load(", "    if rank != 0:\n        return\n    dataset = data.load("),
@@ -57,6 +61,10 @@ MISTAKES = {
                                   "            schedule.step()\n            with torch.no_grad():\n"
                                   "                for p in model.parameters():\n                    p.mul_(0.999)\n")],
                                 "weights changed"),
+    # the loss logged as a mean of per-batch means (the epoch's last batch is smaller): once within the tolerance
+    "loss as a mean of batch means": ([("            totals[0] += loss.detach() * len(y)\n            totals[1] += len(y)",
+                                        "            totals[0] += loss.detach()\n            totals[1] += 1")],
+                                      "train_loss is"),
     "a scheduler that differs by rank": ([("lr = settings.BASE_LR * (global_batch / settings.BASE_BATCH) / 2",
                                            "lr = settings.BASE_LR * (global_batch / settings.BASE_BATCH) / (2 + dist.get_rank())")],
                                          "every rank must take the same steps"),
@@ -92,7 +100,8 @@ def test_a_right_job_written_otherwise_passes(tmp_path):
     """Found refused by an outside review: a new sampler and loader every epoch (set_epoch on each), each
     epoch's last smaller batch dropped (drop_last=True, as the baseline's loop does), a long progress line
     after every step (the epoch lines once fell out of the record's tail), and each checkpoint written to a
-    temporary name and renamed (never a half-written file)."""
+    temporary name and renamed (never a half-written file). And an optimizer of the course's own, utils.optim's
+    LARS (refused before: the replay took torch.optim's only)."""
     CHECK.check_training(script_with(
         tmp_path,
         ("    sampler = DistributedSampler(train_set, shuffle=True, seed=args.seed)\n"
@@ -105,6 +114,8 @@ def test_a_right_job_written_otherwise_passes(tmp_path):
          "        sampler.set_epoch(epoch)"),
         ("            schedule.step()\n", "            schedule.step()\n"
                                        "            if rank == 0:\n                print('progress ' + '.' * 1500)\n"),
+        ("    optimizer = torch.optim.SGD(parameters, lr=lr, momentum=settings.MOMENTUM)",
+         "    from utils.optim import LARS\n    optimizer = LARS(parameters, lr=lr, momentum=settings.MOMENTUM)"),
         ("            torch.save(model.state_dict(), os.path.join(args.out, settings.checkpoint_name(epoch + 1)))",
          "            torch.save(model.state_dict(), os.path.join(args.out, 'partial.pt'))\n"
          "            os.replace(os.path.join(args.out, 'partial.pt'), os.path.join(args.out, settings.checkpoint_name(epoch + 1)))")))

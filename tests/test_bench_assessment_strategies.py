@@ -87,3 +87,23 @@ def test_readme_tables_are_printed_from_the_results_files():
                  RESULTS.with_name("assessment_half_linear_seeds0-2.json")):
         assert table(json.loads(path.read_text())) in readme, \
             f"benchmarks/README.md's table for {path.name} differs: paste bench_assessment_strategies.py --table {path}"
+
+
+def test_the_speed_rules_reference_is_the_solutions_recorded_median():
+    """assessment.settings.REFERENCE_EPOCHS (full mode) is the median, over the 6 recorded seeds of the solution's
+    strategy (half-linear), of the epoch that ends its first held pair under the grader's own target rule."""
+    import os
+    import statistics
+
+    from assessment import criteria
+    full = subprocess.run([sys.executable, "-c", "from assessment import settings as s; "
+                           "print(s.REFERENCE_EPOCHS, s.TARGET, s.FLOOR)"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "COURSE_QUICK": "0"}, check=True).stdout.split()
+    reference, target, floor = int(full[0]), float(full[1]), float(full[2])
+    curves = []
+    for name in ("assessment_half_linear_seeds0-2.json", "assessment_strategies_seeds3-5.json"):
+        report = json.loads((ROOT / "benchmarks" / "results" / name).read_text())
+        assert report["target"] == target, name
+        curves += report["strategies"]["half-linear"]["curves"]
+    ends = [criteria.target_held(curve, target, floor)[0] + 1 for curve in curves]
+    assert len(ends) == 6 and statistics.median_low(ends) == reference, ends
