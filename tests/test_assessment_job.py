@@ -30,7 +30,7 @@ MISTAKES = {
     # found by an outside review: ended with gloo's size-mismatch error instead of a message about the batch
     "per-rank batch from LOCAL_WORLD_SIZE": ([("batch_size=args.global_batch // world_size",
                                                "batch_size=args.global_batch // int(os.environ['LOCAL_WORLD_SIZE'])")],
-                                             "yours divide by LOCAL_WORLD_SIZE"),
+                                             "global_batch / LOCAL_WORLD_SIZE on each"),
     "never tears down": ([(TEARDOWN, "    train(args, rank, world_size, device)")],
                          "never called dist.destroy_process_group"),
     "trains on rank 0 only": ([("    dataset = data.load(", "    if rank != 0:\n        return\n    dataset = data.load("),

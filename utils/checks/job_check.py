@@ -355,17 +355,23 @@ class JobCheck:
         expect(code == 0, f"{self.label}: the job failed {where} (exit code {code}).\nLast output:\n{_tail(output)}")
 
     def _diagnose_unequal_batches(self, records: dict, nproc: int) -> None:
-        """Ranks whose first training batches differ in size: their steps no longer pair up, so DDP's collectives
-        fail with a size mismatch or wait (a per-rank batch from LOCAL_WORLD_SIZE, which differs between nodes)."""
+        """Per-rank batches that are not global_batch / WORLD_SIZE on every rank: the ranks' steps no longer pair up,
+        so DDP's collectives fail with a size mismatch or wait, and the ranks that left a record show why. A per-rank
+        batch from LOCAL_WORLD_SIZE, which differs between nodes, is named as such (the rank of the one-process node,
+        killed when its peers failed, may leave no record)."""
         first = {rank: rec["batches"][0] for rank, rec in sorted(records.items()) if rec.get("batches")}
-        if len(set(first.values())) <= 1:
-            return
-        local = all(first[rank] == self.job["global_batch"] // int(records[rank]["local_world_size"]) for rank in first)
-        expect(False, f"{self.label}: the ranks' first training batches had {first} samples (rank: samples): every rank "
-                      f"takes global_batch / WORLD_SIZE samples per step, {self.job['global_batch']} / {nproc} here, or "
-                      f"their steps no longer pair up and DDP's collectives fail or wait"
-                      + (": yours divide by LOCAL_WORLD_SIZE, which counts the processes of one machine only; "
-                         "WORLD_SIZE (dist.get_world_size()) counts them all." if local else "."))
+        right = self.job["global_batch"] // nproc
+        local = {rank: self.job["global_batch"] // int(records[rank]["local_world_size"] or 1) for rank in first}
+        if first and first == local and any(size != right for size in first.values()):
+            expect(False, f"{self.label}: the ranks' first training batches had {first} samples (rank: samples), "
+                          f"global_batch / LOCAL_WORLD_SIZE on each: LOCAL_WORLD_SIZE counts the processes of one machine "
+                          f"only, so the nodes took batches of different sizes and their steps no longer paired up. Each "
+                          f"rank takes global_batch / WORLD_SIZE samples per step (dist.get_world_size() counts them "
+                          f"all), {self.job['global_batch']} / {nproc} = {right} here.")
+        expect(len(set(first.values())) <= 1,
+               f"{self.label}: the ranks' first training batches had {first} samples (rank: samples): every rank takes "
+               f"global_batch / WORLD_SIZE samples per step, {self.job['global_batch']} / {nproc} = {right} here, or "
+               f"their steps no longer pair up and DDP's collectives fail or wait.")
 
     def _diagnose_numbers(self, records: dict, nproc: int) -> None:
         """A rank or world size written into the script, wherever the probe saw one, LOCAL_RANK's included."""
