@@ -2,9 +2,11 @@
 on the run that counts (``target_held``, ``speed``), which the grader and the notebook's own verdict share.
 
 The grader iterates this table (``assessment.grade``); the notebook prints it. The first three are
-decided by running the learner's torchrun script on a tiny problem (``assessment.job``), the last by
+decided by running the learner's torchrun script on a tiny problem (``assessment.job``), the last two by
 evaluating the checkpoints of the run that counts on held-out images the grader draws at grading time.
 """
+import math
+
 CRITERIA = {
     # name: (points, what it checks)
     "job": (5, "your script, on 2 processes of one node and on 3 of two GPU nodes (simulated), gives each rank its "
@@ -44,8 +46,8 @@ def steps_to_target(first: int, global_batch: int, train_size: int, workers: int
     """The optimizer steps a run took until the second checkpoint of its first held pair (``first``, from
     ``target_held``): every epoch, each process takes its share of the training set in batches of
     global_batch / workers (the last one smaller)."""
-    per_rank = global_batch // workers
-    return (first + 1) * -(-(train_size // workers) // per_rank)
+    share = math.ceil(train_size / workers)              # DistributedSampler pads the shares to equal sizes
+    return (first + 1) * math.ceil(share / (global_batch // workers))
 
 
 def speed(first: int | None) -> tuple[bool, str]:

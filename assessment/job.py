@@ -157,6 +157,9 @@ def judge(folder: Path, seed: int, load_state) -> dict[str, str | None]:
     return verdicts
 
 
+SET_EPOCH_LIMIT = 1000   # the run that counts: set_epoch values from 0 to this - 1 (see judge_counted_run)
+
+
 def judge_counted_run(folder: Path, seed: int) -> str | None:
     """None when the run that counts trained as the assessment sets it, else why not, from the records its
     processes left (``rank<r>.json`` in ``folder``, written by the probe with ``COURSE_PROBE_CALLS_ONLY``) at the
@@ -168,7 +171,15 @@ def judge_counted_run(folder: Path, seed: int) -> str | None:
     check = JobCheck("the run that counts", settings.counted_run(seed), saved=settings.checkpoint_name(settings.EPOCHS),
                      optimizer=REPLAYED_OPTIMIZER, checkpoint_every_epoch=True)
     try:
-        check.judge_calls(_records(Path(folder), "", settings.WORKERS), settings.WORKERS)
+        records = _records(Path(folder), "", settings.WORKERS)
+        check.judge_calls(records, settings.WORKERS)
+        # set_epoch values far from the epochs (an offset that cancels the drawn seed: the sampler shuffles with seed
+        # + value) would make every graded run the same pre-tuned run, whatever the grader draws
+        values = sorted({value for rec in records.values() for sampler in rec["samplers"] for value in sampler["iterated"]})
+        if any(not 0 <= int(value) < SET_EPOCH_LIMIT for value in values):
+            return (f"the run that counts: its samplers were read with set_epoch values {values[:5]}"
+                    f"{' ...' if len(values) > 5 else ''}: the run's order must come from the seed it is given and the "
+                    f"epoch (sampler.set_epoch(epoch)); values from 0 to {SET_EPOCH_LIMIT - 1} are accepted")
     except (Incorrect, NotSolved) as failed:
         return str(failed)
     except Exception as error:  # noqa: BLE001 - files written in the sandbox: a malformed one fails, nothing more

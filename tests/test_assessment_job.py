@@ -158,6 +158,10 @@ UNCHECKED = {   # a script that trains otherwise when the check's simulated GPUs
                                 "        dist.all_reduce(totals)"),
                                "weights changed"),
     # the shuffles of a seed tuned by hand instead of the one drawn for the run that counts
+    # an outside review: an offset that cancels the drawn seed (the sampler shuffles with seed + epoch value) made
+    # every graded run the same pre-tuned one
+    "set_epoch cancelling the seed": (("        sampler.set_epoch(epoch)", "        sampler.set_epoch(10**6 - args.seed + epoch)"),
+                                      "set_epoch values"),
     "a seed of its own": (("shuffle=True, seed=args.seed)", "shuffle=True, seed=0)"), "seed=0; the job shuffles with the seed it is given"),
 }
 
@@ -180,3 +184,14 @@ def test_a_script_that_trains_otherwise_when_not_checked_has_its_run_that_counts
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["code"] == 0, result["output"]
     assert result["verdict"] and "the run that counts: " in result["verdict"] and message in result["verdict"], result
+
+
+def test_the_replay_takes_torchs_and_the_courses_optimizers_but_none_that_runs_the_model_in_its_step():
+    import torch
+
+    from utils import optim
+    from utils.checks.job_check import _optimizer_class
+    assert _optimizer_class("torch.optim.sgd.SGD") is torch.optim.SGD
+    assert _optimizer_class("utils.optim.LAMB") is optim.LAMB and _optimizer_class("utils.optim.NovoGrad") is optim.NovoGrad
+    assert _optimizer_class("torch.optim.lbfgs.LBFGS") is None      # its closure: several passes per step
+    assert _optimizer_class("elsewhere.SGD") is None and _optimizer_class("utils.optim.ConstantLR") is None
