@@ -19,9 +19,9 @@ CRITERIA = {
     "refusal": (1, "a global batch the processes cannot share equally is refused by every rank before training"),
     "target": (4, "two consecutive checkpoints of your run that counts reach the target accuracy on held-out images "
                   "made at grading time, and its last checkpoint stays at the floor or above"),
-    "speed": (2, "your run that counts holds the target within 1.5 times the optimizer steps the course's solution "
-                 "needs (its median over 6 seeds): how fast it trains, counted in steps, so that the verdict is the "
-                 "same on any machine, idle or loaded, CPU or GPU"),
+    "speed": (2, "your run that counts holds the target within settings.SPEED_FACTOR times the optimizer steps the "
+                 "course's solution needs (its median over the recorded seeds): how fast it trains, counted in steps, "
+                 "so that the verdict is the same on any machine, idle or loaded, CPU or GPU"),
 }
 
 
