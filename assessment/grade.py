@@ -197,7 +197,7 @@ def _grade(path: Path, out: Path, options: argparse.Namespace, grade: Grade) -> 
             return
         grade.notes = list(prepared["notes"])
         env = {"COURSE_QUICK": "1" if options.quick else "0", "PYTHONPATH": options.course}
-        counted = secrets.randbelow(2**31) if getattr(options, "counted_seed", None) is None else options.counted_seed
+        counted = settings.COUNTED_SEED if getattr(options, "counted_seed", None) is None else options.counted_seed
         view = {options.course_dir: options.course} if options.course_dir else None
         command = [sys.executable, "-m", "assessment.run_notebook", "submission.ipynb", "executed.ipynb",
                    str(options.cell_timeout)]
@@ -221,8 +221,7 @@ def _grade(path: Path, out: Path, options: argparse.Namespace, grade: Grade) -> 
                               str(out / "executed" / f"{safe_name(path.stem)}.ipynb"), seconds=options.judge_timeout)
         grade.ran = judged["ran"]
         grade.notes = ([judged["run_problem"]] if judged["run_problem"] else []) + grade.notes + judged["notes"] + [
-            f"the run that counts ran at seed {counted}, drawn by the grader (make grade ... GRADE_ARGS=--counted-seed "
-            f"{counted} runs it at that seed again)"]
+            f"the run that counts ran at seed {counted} (make grade ... GRADE_ARGS=--counted-seed N runs it at another)"]
         for name, reason in judged["verdicts"].items():
             grade.points[name] = criteria[name][0] if reason is None else 0
             if reason:
@@ -239,7 +238,7 @@ def judge_returned(ran: str, run: dict, counted_seed: int, job_out: str, job_see
                    eval_seed: int, executed_to: str) -> dict:
     """Every verdict on what the two sandboxes returned (``judging``'s child runs this, under its limits):
     the job's criteria from its scenarios' files, the target from the run that counts' checkpoints and
-    records (a run at ``counted_seed``, the seed the grader drew for it), the run's report from the final
+    records (a run at ``counted_seed``, the seed the grader gave it), the run's report from the final
     executed notebook, which is written to ``executed_to`` without active content."""
     ran = Path(ran)
     executed = _read_notebook(ran / "executed.ipynb")
@@ -421,8 +420,8 @@ def main(argv=None) -> int:
     parser.add_argument("--judge-timeout", type=float, default=judging.SECONDS,
                         help="seconds each judging step may take (it reads what a submission left, in a child process)")
     parser.add_argument("--counted-seed", type=int, default=None,
-                        help="the seed of every run that counts (default: a new one drawn for each submission); "
-                             "to reproduce a grading whose seed its feedback names")
+                        help="the seed of every run that counts (default: settings.COUNTED_SEED); another one "
+                             "shows whether a submission's choice holds beyond the seed it was tried at")
     parser.add_argument("--trust-submissions", action="store_true",
                         help="grade without the sandbox's boundary where it cannot be made: only for your own notebook")
     options = parser.parse_args(argv)

@@ -573,8 +573,9 @@ def test_the_executed_notebook_given_to_the_instructor_runs_nothing_in_any_viewe
     assert clean.cells[0].metadata == {} and "widgets" not in clean.metadata and "trusted" not in clean.metadata
 
 
-def test_each_submissions_run_that_counts_gets_a_seed_drawn_at_grading_time(tmp_path, monkeypatch):
-    """The seed reaches the notebook's environment and the judgement of the run's records, a new one per submission."""
+def test_the_run_that_counts_gets_the_graders_seed(tmp_path, monkeypatch):
+    """The seed reaches the notebook's environment and the judgement of the run's records, and the feedback names it:
+    settings.COUNTED_SEED by default, another with --counted-seed."""
     import argparse
     from assessment import judging, settings
     given, judged = [], []
@@ -583,9 +584,11 @@ def test_each_submissions_run_that_counts_gets_a_seed_drawn_at_grading_time(tmp_
     monkeypatch.setattr(judging, "call", lambda step, *args, **kw: {"refused": "", "notes": []} if step == "prepare" else
                         judged.append(args[2]) or {"ran": True, "run_problem": "", "notes": [], "verdicts": {},
                                                    "target": [False, "no checkpoint"], "speed": [False, "no target"]})
-    options = argparse.Namespace(judge_timeout=5, quick=True, course=str(ROOT), course_dir=None, mode="none",
-                                 cell_timeout=60, notebook_timeout=60, job_timeout=60)
-    rows = [grade_module.grade_one(ROOT / "assessment" / "assessment.ipynb", tmp_path, options) for _ in range(2)]
+    rows = []
+    for seed in (None, 12345):
+        options = argparse.Namespace(judge_timeout=5, quick=True, course=str(ROOT), course_dir=None, mode="none",
+                                     cell_timeout=60, notebook_timeout=60, job_timeout=60, counted_seed=seed)
+        rows.append(grade_module.grade_one(ROOT / "assessment" / "assessment.ipynb", tmp_path, options))
     seeds = [g for g in given if g is not None]
-    assert len(seeds) == 2 and seeds[0] != seeds[1] and [int(s) for s in seeds] == judged, (given, judged)
-    assert all(f"ran at seed {s}," in " ".join(row.notes) for row, s in zip(rows, seeds))
+    assert seeds == [str(settings.COUNTED_SEED), "12345"] and judged == [settings.COUNTED_SEED, 12345], (given, judged)
+    assert all(f"ran at seed {s} " in " ".join(row.notes) for row, s in zip(rows, seeds))

@@ -133,7 +133,7 @@ import json, os, subprocess, sys
 from pathlib import Path
 from assessment import job, settings
 from utils import export
-seed = settings.counted_seed()    # drawn, as the notebook's run that counts draws it
+seed = settings.counted_seed()    # as the notebook's run that counts takes it
 options = {**settings.counted_run(seed), "out": "checkpoints"}
 result = export.run(["-m", "utils.checks.job_probe", sys.argv[1], *(f"--{k.replace('_', '-')}={v}" for k, v in options.items())],
                     settings.WORKERS, cwd=".", threads=1, env={"COURSE_PROBE_DIR": "records", "COURSE_PROBE_CALLS_ONLY": "1"},
@@ -157,12 +157,13 @@ UNCHECKED = {   # a script that trains otherwise when the check's simulated GPUs
                                 "                        p -= 0.02 * p.grad\n"
                                 "        dist.all_reduce(totals)"),
                                "weights changed"),
-    # the shuffles of a seed tuned by hand instead of the one drawn for the run that counts
-    # an outside review: an offset that cancels the drawn seed (the sampler shuffles with seed + epoch value) made
-    # every graded run the same pre-tuned one
+    # an outside review: an offset that cancels the given seed (the sampler shuffles with seed + epoch value) made
+    # every graded run the same pre-tuned one, whatever seed the grader gives
     "set_epoch cancelling the seed": (("        sampler.set_epoch(epoch)", "        sampler.set_epoch(10**6 - args.seed + epoch)"),
                                       "set_epoch values"),
-    "a seed of its own": (("shuffle=True, seed=args.seed)", "shuffle=True, seed=0)"), "seed=0; the job shuffles with the seed it is given"),
+    # the shuffles of a seed chosen by hand instead of the one given to the run that counts
+    "a seed of its own": (("shuffle=True, seed=args.seed)", "shuffle=True, seed=args.seed + 1)"),
+                          "seed=1; the job shuffles with the seed it is given"),
 }
 
 
