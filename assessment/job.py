@@ -174,7 +174,7 @@ def judge_counted_run(folder: Path, seed: int) -> str | None:
         records = _records(Path(folder), "", settings.WORKERS)
         check.judge_calls(records, settings.WORKERS)
         # set_epoch values far from the epochs (an offset that cancels the given seed: the sampler shuffles with seed
-        # + value) would make every graded run the same pre-tuned run, whatever the grader draws
+        # + value) would make every graded run the same pre-tuned run, whatever seed the grader gives
         values = sorted({value for rec in records.values() for sampler in rec["samplers"] for value in sampler["iterated"]})
         if any(not 0 <= int(value) < SET_EPOCH_LIMIT for value in values):
             return (f"the run that counts: its samplers were read with set_epoch values {values[:5]}"
