@@ -61,6 +61,6 @@ def speed(first: int | None) -> tuple[bool, str]:
     size = dict(global_batch=settings.GLOBAL_BATCH, train_size=settings.TRAIN_SIZE, workers=settings.WORKERS)
     mine, reference = steps_to_target(first, **size), steps_to_target(settings.REFERENCE_EPOCHS - 1, **size)
     said = (f"your run held the target after {mine} optimizer steps (epoch {first + 1}); the course's solution needs "
-            f"{reference} (epoch {settings.REFERENCE_EPOCHS}, its median over 6 seeds), and the limit is "
+            f"{reference} (epoch {settings.REFERENCE_EPOCHS}, its median over the recorded seeds), and the limit is "
             f"{settings.SPEED_FACTOR:g}x that, {settings.SPEED_FACTOR * reference:.0f}")
     return mine <= settings.SPEED_FACTOR * reference, said

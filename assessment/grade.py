@@ -109,7 +109,7 @@ def judge_checkpoints(folder: Path, seed: int) -> tuple[int | None, str]:
     missing or refused one breaks the run of evaluations."""
     import torch
 
-    from . import criteria, settings
+    from . import settings
     names = f"{settings.checkpoint_name(1)} to {settings.checkpoint_name(settings.EPOCHS)}"
     accuracies, refused, previous = [], [], None
     for epoch in range(1, settings.EPOCHS + 1):
