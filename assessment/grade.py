@@ -255,7 +255,8 @@ def judge_returned(ran: str, run: dict, counted_seed: int, job_out: str, job_see
     else:
         verdicts = job.judge(Path(job_out), job_seed, load_job_state)   # a scenario cut off by the time limit fails
     first, why = judge_checkpoints(ran, eval_seed)   # kept files come back by base name
-    if first is not None and (unlike := job.judge_counted_run(ran, counted_seed)):   # counted only at its settings
+    # counted only at its settings and if they come from its training (records and checkpoints come back by base name)
+    if first is not None and (unlike := job.judge_counted_run(ran, counted_seed, ran, lambda p: load_checkpoint(p)[0])):
         first, why = None, f"{why}; but they do not count: {unlike}"
     reached = first is not None
     problem = status["problem"]

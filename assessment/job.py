@@ -160,13 +160,14 @@ def judge(folder: Path, seed: int, load_state) -> dict[str, str | None]:
 SET_EPOCH_LIMIT = 1000   # the run that counts: set_epoch values from 0 to this - 1 (see judge_counted_run)
 
 
-def judge_counted_run(folder: Path, seed: int) -> str | None:
+def judge_counted_run(folder: Path, seed: int, checkpoints: Path, load_state=None) -> str | None:
     """None when the run that counts trained as the assessment sets it, else why not, from the records its
     processes left (``rank<r>.json`` in ``folder``, written by the probe with ``COURSE_PROBE_CALLS_ONLY``) at the
     ``seed`` it was given (its samplers must shuffle with it): the
-    same judgement of what each rank called and did as the job criterion's, at the assessment's size. Its
-    checkpoints count only then: a script that trains one way under the check and another in this run gets
-    nothing for the second."""
+    same judgement of what each rank called and did as the job criterion's, at the assessment's size, and
+    (``judge_provenance``) whether the checkpoints in the folder ``checkpoints`` (``load_state(path)`` reads one,
+    or returns None; default: ``torch.load``, for the notebook's own run) come from that training. Its checkpoints count only then: a script that trains
+    one way under the check and another in this run gets nothing for the second."""
     from . import settings
     check = JobCheck("the run that counts", settings.counted_run(seed), saved=settings.checkpoint_name(settings.EPOCHS),
                      optimizer=REPLAYED_OPTIMIZER, checkpoint_every_epoch=True)
@@ -180,11 +181,104 @@ def judge_counted_run(folder: Path, seed: int) -> str | None:
             return (f"the run that counts: its samplers were read with set_epoch values {values[:5]}"
                     f"{' ...' if len(values) > 5 else ''}: the run's order must come from the seed it is given and the "
                     f"epoch (sampler.set_epoch(epoch)); values from 0 to {SET_EPOCH_LIMIT - 1} are accepted")
+        why = judge_provenance(check, records, Path(checkpoints), load_state or _load_trusted_state)
+        if why:
+            return f"the run that counts: {why}"
     except (Incorrect, NotSolved) as failed:
         return str(failed)
     except Exception as error:  # noqa: BLE001 - files written in the sandbox: a malformed one fails, nothing more
         return f"the run that counts left records that could not be read ({type(error).__name__}: {error})"[:500]
     return None
+
+
+INPUT_TOLERANCE = 1e-4   # of a batch's summed magnitudes: its sum on another device or in another order differs by ~1e-6
+
+
+def judge_provenance(check: JobCheck, records: dict, checkpoints: Path, load_state) -> str | None:
+    """None when the run's checkpoints come from the training its records show, else why not (a run whose
+    records passed ``judge_calls``). The probe noted digests of the model's weights when DDP wrapped them and of
+    what each ``torch.save`` wrote, and the sum of every training forward's images: the weights must start from
+    the seed's initialisation (as the check's one-process reference does), each checkpoint be the DDP model's
+    weights saved after its epoch's optimizer steps, unchanged since, and every batch the course's images in the
+    sampler's order. A script that loads weights trained elsewhere, saves another model, or trains on other
+    images is refused here. (Records a script forges in its own process can defeat this: see the teaching guide.)"""
+    import torch
+
+    from utils import models
+    from utils.checks.job_check import _rank_batches
+    from utils.checks.job_probe import state_digest
+    from . import settings
+
+    job, nproc = check.job, len(records)
+    dataset = _training_set(check)
+    torch.manual_seed(job["seed"])
+    initial = state_digest(models.CNN(dataset.input_shape, dropout=job["dropout"]).state_dict())
+    if records[0].get("initial") != initial:
+        return ("the model's weights when DDP wrapped them on rank 0 were not the initialisation its seed gives "
+                "(torch.manual_seed(seed), then the course's CNN, as the check's one-process reference starts): a run "
+                "starts from those weights, not from weights loaded or trained before")
+    per_rank, drop_last = job["global_batch"] // nproc, check._drops_last(records, nproc)
+    epoch_values = {r: [v for sampler in rec["samplers"] for v in sampler["iterated"]] for r, rec in records.items()}
+    steps_per_epoch = len(check._expected_batches(nproc, drop_last)) // job["epochs"]
+    saved = {}
+    for entry in records[0].get("saved", []):
+        saved[str(entry.get("file"))] = entry      # the last save under a name is the file's
+    for epoch in range(1, job["epochs"] + 1):
+        name = settings.checkpoint_name(epoch)
+        if not (checkpoints / name).is_file():
+            continue                               # judge_checkpoints says what a missing one costs
+        entry = saved.get(name)
+        if entry is None:
+            return f"{name} was not written by torch.save on rank 0 during the run"
+        if entry.get("digest") is None or entry.get("digest") != entry.get("model"):
+            return (f"what rank 0 saved as {name} was not the DDP model's weights at that moment: save "
+                    f"ddp_model.module.state_dict() after each epoch")
+        if entry.get("steps") != epoch * steps_per_epoch:
+            return (f"{name} was saved after {entry.get('steps')} optimizer steps; after epoch {epoch} the run has "
+                    f"taken {epoch * steps_per_epoch} ({steps_per_epoch} per epoch): save each epoch's model under "
+                    f"that epoch's name")
+        state = load_state(checkpoints / name)
+        if state is None or state_digest(state) != entry["digest"]:
+            return f"{name} is not the file rank 0 saved: it was changed or replaced after the save"
+    for rank, rec in records.items():
+        sums = rec.get("input_sums")
+        images = [dataset.x_train[torch.tensor(batch)].double()
+                  for value in epoch_values[rank]
+                  for batch in _rank_batches(len(dataset.x_train), nproc, per_rank, value, job["seed"])[rank]
+                  if not drop_last or len(batch) == per_rank]
+        expected = [(float(x.sum()), float(x.abs().sum())) for x in images]
+        if not isinstance(sums, list) or len(sums) != len(expected):
+            return (f"rank {rank} recorded {len(sums) if isinstance(sums, list) else 'no'} training inputs for the "
+                    f"{len(expected)} batches its sampler gave")
+        for at, (got, (want, size)) in enumerate(zip(sums, expected)):
+            if not isinstance(got, (int, float)) or not abs(got - want) <= INPUT_TOLERANCE * max(1.0, size):
+                return (f"rank {rank}'s training forward {at + 1} (epoch {at // steps_per_epoch + 1}) was not given the "
+                        f"course's images in its sampler's order (their pixels sum to {want:.6g}, its input's to "
+                        f"{got if not isinstance(got, float) else f'{got:.6g}'}): train on the training set the "
+                        f"assessment loads, in the order its DistributedSampler gives")
+    return None
+
+
+_TRAINING_SETS: dict = {}
+
+
+def _training_set(check: JobCheck):
+    """The run's images, made once per process for its settings (generating them takes seconds)."""
+    key = tuple(sorted((k, v) for k, v in check.job.items() if k in ("train_size", "test_size", "difficulty", "dataset")))
+    if key not in _TRAINING_SETS:
+        _TRAINING_SETS.clear()
+        _TRAINING_SETS[key] = check.dataset()
+    return _TRAINING_SETS[key]
+
+
+def _load_trusted_state(path: Path) -> dict | None:
+    """A checkpoint of the notebook's own run (nothing hostile to guard against here; the grader passes its own)."""
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # noqa: BLE001 - unreadable: not the file the run saved
+        return None
 
 
 def _trains(folder: Path) -> bool:

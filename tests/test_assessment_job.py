@@ -138,7 +138,7 @@ options = {**settings.counted_run(seed), "out": "checkpoints"}
 result = export.run(["-m", "utils.checks.job_probe", sys.argv[1], *(f"--{k.replace('_', '-')}={v}" for k, v in options.items())],
                     settings.WORKERS, cwd=".", threads=1, env={"COURSE_PROBE_DIR": "records", "COURSE_PROBE_CALLS_ONLY": "1"},
                     timeout=400)
-print(json.dumps({"code": result.code, "verdict": job.judge_counted_run(Path("records"), seed), "output": result.output[-2000:]}))
+print(json.dumps({"code": result.code, "verdict": job.judge_counted_run(Path("records"), seed, Path("checkpoints")), "output": result.output[-2000:]}))
 """
 
 
@@ -164,6 +164,39 @@ UNCHECKED = {   # a script that trains otherwise when the check's simulated GPUs
     # the shuffles of a seed chosen by hand instead of the one given to the run that counts
     "a seed of its own": (("shuffle=True, seed=args.seed)", "shuffle=True, seed=args.seed + 1)"),
                           "seed=1; the job shuffles with the seed it is given"),
+    # forged runs (an outside review): each scored the target. Weights trained elsewhere, loaded before DDP wraps
+    # the model (here: 40 steps by hand at the baseline's batch), then trained as asked
+    "weights trained before DDP": (("    ddp_model = DDP(",
+                                    "    if not os.environ.get('COURSE_PROBE_GPUS'):\n"
+                                    "        for xb, yb in list(DataLoader(train_set, batch_size=32, shuffle=True))[:40]:\n"
+                                    "            model.zero_grad()\n"
+                                    "            F.cross_entropy(model(xb.to(device)), yb.to(device)).backward()\n"
+                                    "            with torch.no_grad():\n"
+                                    "                for p in model.parameters():\n"
+                                    "                    p -= 0.02 * p.grad\n"
+                                    "    ddp_model = DDP("),
+                                   "not the initialisation its seed gives"),
+    # a model other than the DDP one saved (trained on the side: here a copy nudged after every epoch)
+    "another model saved": (("            torch.save(model.state_dict(),",
+                             "            import copy\n"
+                             "            other = copy.deepcopy(model)\n"
+                             "            with torch.no_grad():\n"
+                             "                for p in other.parameters():\n"
+                             "                    p.mul_(1.001)\n"
+                             "            torch.save(other.state_dict() if not os.environ.get('COURSE_PROBE_GPUS') else model.state_dict(),"),
+                            "was not the DDP model's weights"),
+    # each epoch's model saved under the next epoch's name: a later model counted for an earlier epoch
+    "checkpoints named an epoch early": (("settings.checkpoint_name(epoch + 1)",
+                                          "settings.checkpoint_name(epoch + (0 if epoch and not os.environ.get('COURSE_PROBE_GPUS') else 1))"),
+                                         "optimizer steps; after epoch 1 the run has taken"),
+    # fresh images every epoch in the run that counts only (more data than the course gives)
+    "fresh images every epoch": (("        for x, y in loader:",
+                                  "        if not os.environ.get('COURSE_PROBE_GPUS'):\n"
+                                  "            fresh = data.shapes(len(train_set) * 5 // 4, seed=100 + epoch, difficulty=args.difficulty)\n"
+                                  "            loader = DataLoader(TensorDataset(fresh.x_train[:len(train_set)], fresh.y_train[:len(train_set)]),\n"
+                                  "                                batch_size=args.global_batch // world_size, sampler=sampler)\n"
+                                  "        for x, y in loader:"),
+                                 "was not given the course's images in its sampler's order"),
 }
 
 

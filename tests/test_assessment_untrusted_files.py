@@ -455,7 +455,7 @@ def test_records_the_script_forged_or_broke_fail_the_criterion_with_a_reason(tmp
         folder.mkdir()
         for rank, record in records.items():
             (folder / f"rank{rank}.json").write_text(record)
-        verdict = job.judge_counted_run(folder, 0)
+        verdict = job.judge_counted_run(folder, 0, folder)
         assert verdict and verdict.startswith("the run that counts"), (name, verdict)
 
 
@@ -537,3 +537,57 @@ def test_a_run_that_reaches_the_target_and_then_collapses_has_not_held_it(tmp_pa
     assert criteria.target_held([0.1, 0.7, None, 0.7, 0.7], 0.6, 0.5) == (4, "")
     assert criteria.target_held([0.7, 0.7, 0.7, None], 0.6, 0.5)[0] is None
     assert "two consecutive" in criteria.target_held([0.7, 0.5, 0.7], 0.6, 0.5)[1]
+
+
+def test_checkpoints_not_from_the_recorded_training_are_refused_with_their_own_message(tmp_path):
+    """``job.judge_provenance`` on the files a run left (the real probe's records of forged runs are in
+    tests/test_assessment_job.py): a run's records and checkpoints made to agree pass; a checkpoint rewritten
+    after its save, one no torch.save wrote, and input sums that are not numbers are each refused."""
+    from assessment import job, settings
+    from utils.checks.job_check import REPLAYED_OPTIMIZER, JobCheck, _rank_batches
+    from utils.checks.job_probe import state_digest
+
+    seed = 3
+    check = JobCheck("the run that counts", settings.counted_run(seed), optimizer=REPLAYED_OPTIMIZER,
+                     checkpoint_every_epoch=True)
+    run, dataset = check.job, check.dataset()
+    per_rank, epochs = run["global_batch"] // settings.WORKERS, list(range(run["epochs"]))
+    torch.manual_seed(seed)
+    model = CNN(dataset.input_shape, dropout=run["dropout"])
+    records = {rank: {"rank": str(rank), "initial": state_digest(model.state_dict()), "saved": [],
+                      "samplers": [{"iterated": epochs}], "batches": [], "input_sums": []}
+               for rank in range(settings.WORKERS)}
+    for rank, rec in records.items():
+        for epoch in epochs:
+            for batch in _rank_batches(len(dataset.x_train), settings.WORKERS, per_rank, epoch, seed)[rank]:
+                rec["batches"].append(len(batch))
+                rec["input_sums"].append(float(dataset.x_train[torch.tensor(batch)].sum()))
+    steps = len(records[0]["batches"]) // len(epochs)
+    for epoch in epochs:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01)            # a model that changes from epoch to epoch
+        torch.save(model.state_dict(), tmp_path / settings.checkpoint_name(epoch + 1))
+        digest = state_digest(model.state_dict())
+        records[0]["saved"].append({"file": settings.checkpoint_name(epoch + 1), "steps": (epoch + 1) * steps,
+                                    "digest": digest, "model": digest})
+    assert job.judge_provenance(check, records, tmp_path, job._load_trusted_state) is None
+
+    first = tmp_path / settings.checkpoint_name(1)
+    kept = first.read_bytes()
+    torch.save(cnn_state(), first)          # a friend's model written over the saved file
+    assert "epoch_01.pt is not the file rank 0 saved" in job.judge_provenance(check, records, tmp_path,
+                                                                              job._load_trusted_state)
+    first.write_bytes(b"not a checkpoint")
+    assert "is not the file rank 0 saved" in job.judge_provenance(check, records, tmp_path, job._load_trusted_state)
+    first.write_bytes(kept)
+    saved = records[0]["saved"].pop(1)      # a checkpoint no torch.save of the run wrote (copied in)
+    assert "epoch_02.pt was not written by torch.save" in job.judge_provenance(check, records, tmp_path,
+                                                                               job._load_trusted_state)
+    records[0]["saved"].insert(1, saved)
+    for forged in (float("nan"), "1.0", None):
+        records[1]["input_sums"][5] = forged
+        assert "rank 1's training forward 6 (epoch 1) was not given the course's images" in job.judge_provenance(
+            check, records, tmp_path, job._load_trusted_state)
+    records[1]["input_sums"] = "unknown (RuntimeError)"
+    assert "rank 1 recorded no training inputs" in job.judge_provenance(check, records, tmp_path, job._load_trusted_state)

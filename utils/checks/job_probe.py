@@ -13,6 +13,10 @@ settings in force, which schedulers change, so that a check can take the same st
 ``destroy_process_group``, the lines the rank printed (and apart, what the job's own code printed to stdout:
 torch's output and the check's left out), and how many times the DDP model's weights changed
 other than through an optimizer step (between two steps, or between a step and a save).
+So that a grader can tie what a run saved to the training it recorded, it also notes a digest of the
+model's weights when DDP wraps them (``initial``), for every ``torch.save`` the optimizer steps taken
+so far and digests of what was saved and of the DDP model's weights then (``saved``), and the sum of
+every training forward's input (``input_sums``: the images can be matched with the sampler's order).
 The record goes to ``$COURSE_PROBE_DIR/rank<RANK>.json`` when the process exits (after the script's own exit
 handlers), however the script ends, unless the process is killed or ends with ``os._exit``; it says
 whether the rank's error was a lost peer (a communication error or a timeout) rather than its own.
@@ -43,6 +47,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import hashlib
 import inspect
 import io
 import json
@@ -67,6 +72,7 @@ from utils.ddp import forget_destroyed_group
 
 INJECTED = "error injected by the check into one rank's 3rd training step"
 MAX_STEPS = 5000                               # optimizer steps recorded; a check's job takes far fewer
+MAX_SAVES = 1000                               # saves recorded (a job saves once per epoch)
 MAX_TIMEOUT = datetime.timedelta(seconds=60)   # a job that waits longer for a peer is stuck, in the check
 # In a refusal run, a rank's collectives after init_process_group: the ranks of a right script reach the refusal
 # together (at worst after loading the data and building the model and DDP), and a rank whose peers have stopped
@@ -79,6 +85,20 @@ DROPOUT_SEEDS_PER_FORWARD = 16
 # The log line a job prints after every epoch (its start is enough: the check reads these three numbers).
 EPOCH_LINE = re.compile(r"^epoch\s+(\d+)\s+train_loss\s+(\S+)\s+test_accuracy\s+(\S+)", re.MULTILINE)
 _DESTROY = dist.destroy_process_group          # torch's own, which the probe's record of the script's call wraps
+
+
+def state_digest(state) -> str | None:
+    """A digest of a state_dict's names, dtypes, shapes and values (None: not a dict of tensors), the same for
+    the weights in memory and for the file they were saved to, on any device."""
+    if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        return None
+    digest = hashlib.sha256()
+    with torch._C.DisableTorchFunction(), torch.no_grad():
+        for key in sorted(map(str, state)):
+            value = state[key].detach().to("cpu").contiguous().reshape(-1)
+            digest.update(f"{key}|{value.dtype}|{tuple(state[key].shape)}|".encode())
+            digest.update(value.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def masked_dropout(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
@@ -340,7 +360,7 @@ def step_record(optimizer, index: dict) -> dict:
                        for group in optimizer.param_groups]}
 
 
-def _record_calls(record: dict, gpus: SimulatedGPUs, weights: _WeightWatch) -> None:
+def _record_calls(record: dict, gpus: SimulatedGPUs, weights: _WeightWatch, input_sums: list) -> None:
     init, destroy, save, all_reduce = dist.init_process_group, dist.destroy_process_group, torch.save, dist.all_reduce
     sampler_init, set_epoch, sampler_iter = DistributedSampler.__init__, DistributedSampler.set_epoch, DistributedSampler.__iter__
     ddp_init, ddp_forward = DistributedDataParallel.__init__, DistributedDataParallel.forward
@@ -351,6 +371,7 @@ def _record_calls(record: dict, gpus: SimulatedGPUs, weights: _WeightWatch) -> N
     calls_only = os.environ.get("COURSE_PROBE_CALLS_ONLY") == "1"   # a real run: its settings left as they are
     torchrun_master = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"   # before the script runs
     positions = {}                                   # id of a parameter of the DDP model -> its position
+    wrapped = []                                     # the module inside the last DDP model
 
     def init_process_group(*args, **kwargs):
         bound = inspect.signature(init).bind(*args, **kwargs)
@@ -394,6 +415,10 @@ def _record_calls(record: dict, gpus: SimulatedGPUs, weights: _WeightWatch) -> N
     def saved(obj, f, *args, **kwargs):
         weights.compare()
         record["saves"].append(str(f))
+        if len(record["saved"]) < MAX_SAVES:
+            record["saved"].append({"file": os.path.basename(str(f)), "steps": record["optimizer_steps"],
+                                    "digest": state_digest(obj),
+                                    "model": state_digest(wrapped[0].state_dict()) if wrapped else None})
         return save(obj, f, *args, **kwargs)
 
     def hand_all_reduce(tensor, *args, **kwargs):
@@ -430,6 +455,9 @@ def _record_calls(record: dict, gpus: SimulatedGPUs, weights: _WeightWatch) -> N
         bound = inspect.signature(ddp_init).bind(self, *args, **kwargs)
         module = bound.arguments["module"]
         record["ddp"] += 1
+        if record["initial"] is None:   # the first DDP model's weights before DDP broadcasts rank 0's
+            record["initial"] = state_digest(module.state_dict())
+        wrapped[:] = [module]
         record["params"] = sum(p.numel() for p in module.parameters())
         positions.clear()
         positions.update({id(p): i for i, p in enumerate(module.parameters())})
@@ -454,6 +482,9 @@ def _record_calls(record: dict, gpus: SimulatedGPUs, weights: _WeightWatch) -> N
             record["forwards"] += 1
             batch = next((leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)), None)
             record["batches"].append(0 if batch is None or batch.dim() == 0 else len(batch))
+            if batch is not None and len(input_sums) < MAX_STEPS:
+                with torch._C.DisableTorchFunction(), torch.no_grad():   # kept on its device: no host sync per step
+                    input_sums.append(batch.detach().float().sum())
             if fails_here and record["forwards"] == fail_at:
                 raise RuntimeError(INJECTED)
             gpus.training_forward, gpus.dropout_calls = record["forwards"], 0
@@ -466,6 +497,7 @@ def _record_calls(record: dict, gpus: SimulatedGPUs, weights: _WeightWatch) -> N
 
     def before_step(optimizer, args, kwargs):
         weights.compare()
+        record["optimizer_steps"] += 1
         if len(record["steps"]) < MAX_STEPS:
             record["steps"].append(step_record(optimizer, positions))
         gpus.internal += 1          # the optimizer's own code sees the real devices (it picks its kernels by them)
@@ -543,15 +575,16 @@ def main(argv: list[str]) -> None:
               "error": None, "printed": "", "set_device": [], "device_errors": [], "model_device": None,
               "device_ids": None, "params": 0, "mismatches": [], "syncs": {"train": 0, "eval": 0}, "sync_kinds": [],
               "all_reduced": 0, "eval_in_train_mode": 0, "train_in_eval_mode": 0, "ddp_eval_with_grad": 0,
-              "steps": [], "sync_points": {}, "peer_lost": False}
+              "steps": [], "sync_points": {}, "peer_lost": False, "initial": None, "saved": [], "optimizer_steps": 0}
     printed: list[str] = []
+    input_sums: list = []
     gpus = SimulatedGPUs(record, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), os.environ.get("COURSE_PROBE_GPUS") == "1")
     weights = _WeightWatch()
-    _record_calls(record, gpus, weights)
+    _record_calls(record, gpus, weights, input_sums)
     # Written at exit, after the script's own exit handlers (atexit runs the last registered first): a script
     # may rightly tear its group down in one of them.
     tee = _Tee(sys.stdout, printed)
-    atexit.register(_write_record, out, rank, record, printed, weights, tee)
+    atexit.register(_write_record, out, rank, record, printed, weights, tee, input_sums)
     sys.stdout = tee
     sys.argv = list(argv)
     try:
@@ -571,7 +604,7 @@ def main(argv: list[str]) -> None:
 
 
 def _write_record(out: Path, rank: str, record: dict, printed: list[str], weights: _WeightWatch,
-                  tee: _Tee | None = None) -> None:
+                  tee: _Tee | None = None, input_sums: list | None = None) -> None:
     text = "".join(printed)
     record["printed"] = text[-20000:]
     if tee is not None:     # what the job's own code printed (torch's and the check's output left out)
@@ -584,6 +617,11 @@ def _write_record(out: Path, rank: str, record: dict, printed: list[str], weight
         record["weights_changed_between_steps"] = weights.count()
     except Exception as error:  # noqa: BLE001 - a device lost at exit: the record still goes out, saying so
         record["weights_changed_between_steps"] = f"unknown ({type(error).__name__})"
+    try:
+        with torch._C.DisableTorchFunction():
+            record["input_sums"] = torch.stack([s.to("cpu") for s in input_sums]).tolist() if input_sums else []
+    except Exception as error:  # noqa: BLE001 - as above
+        record["input_sums"] = f"unknown ({type(error).__name__})"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{rank}.json").write_text(json.dumps(record))
     if os.environ.get("COURSE_PROBE_REFUSAL") == "1":
