@@ -488,6 +488,18 @@ def _accuracy_by_first_weight(state, seed):
     return float(state["conv1.bias"][0])   # each test model carries its accuracy in one weight
 
 
+@pytest.fixture
+def checks_in_process(monkeypatch):
+    """The grader's checkpoint rules with each file checked in this process (``model_file.load_and_check``, the
+    child's own checks) instead of a child that imports torch: the child itself is tested above."""
+    def load_state_dict(path, expected, **limits):
+        state, why = model_file.load_and_check(path, expected)
+        if why:
+            raise ModelFileError(why)
+        return state
+    monkeypatch.setattr(model_file, "load_state_dict", load_state_dict)
+
+
 def _model(accuracy):
     from utils import models
     state = models.CNN((1, 28, 28)).state_dict()
@@ -495,9 +507,9 @@ def _model(accuracy):
     return state
 
 
-def test_one_model_under_every_name_is_one_evaluation_not_two(tmp_path, monkeypatch):
+def test_one_model_under_every_name_is_one_evaluation_not_two(tmp_path, monkeypatch, checks_in_process):
     from assessment import grade, settings
-    monkeypatch.setattr(settings, "EPOCHS", 4)   # the rule, not the count: each checkpoint loads in a child
+    monkeypatch.setattr(settings, "EPOCHS", 4)   # the rule, not the count
     monkeypatch.setattr(grade, "accuracy_on_fresh_images", _accuracy_by_first_weight)
     good = _model(0.99)
     passed, why = grade.judge_checkpoints(_checkpoints(tmp_path / "same", [good] * settings.EPOCHS), 0)
@@ -507,9 +519,9 @@ def test_one_model_under_every_name_is_one_evaluation_not_two(tmp_path, monkeypa
     assert passed == 2 and "after epochs 2 and 3" in why, why    # the first epoch of the held pair: the speed rule's
 
 
-def test_refused_checkpoints_say_why_and_missing_ones_break_the_run(tmp_path, monkeypatch):
+def test_refused_checkpoints_say_why_and_missing_ones_break_the_run(tmp_path, monkeypatch, checks_in_process):
     from assessment import grade, settings
-    monkeypatch.setattr(settings, "EPOCHS", 4)   # the rule, not the count: each checkpoint loads in a child
+    monkeypatch.setattr(settings, "EPOCHS", 4)   # the rule, not the count
     monkeypatch.setattr(grade, "accuracy_on_fresh_images", _accuracy_by_first_weight)
     wrapped = [{f"module.{k}": v for k, v in _model(0.9).items()}] * settings.EPOCHS
     passed, why = grade.judge_checkpoints(_checkpoints(tmp_path / "ddp", wrapped), 0)
@@ -522,7 +534,7 @@ def test_refused_checkpoints_say_why_and_missing_ones_break_the_run(tmp_path, mo
     assert f"epoch_01.pt to {settings.checkpoint_name(settings.EPOCHS)}" in why, why
 
 
-def test_a_run_that_reaches_the_target_and_then_collapses_has_not_held_it(tmp_path, monkeypatch):
+def test_a_run_that_reaches_the_target_and_then_collapses_has_not_held_it(tmp_path, monkeypatch, checks_in_process):
     """Recorded: linear scaling with warm-up, seed 4, was over the target for epochs and ended at chance."""
     from assessment import criteria, grade, settings
     monkeypatch.setattr(settings, "EPOCHS", 4)
