@@ -197,7 +197,10 @@ def _grade(path: Path, out: Path, options: argparse.Namespace, grade: Grade) -> 
             return
         grade.notes = list(prepared["notes"])
         env = {"COURSE_QUICK": "1" if options.quick else "0", "PYTHONPATH": options.course}
-        counted = settings.COUNTED_SEED if getattr(options, "counted_seed", None) is None else options.counted_seed
+        # Drawn for each submission: no learner can tune on the graded run, and another learner's records are
+        # for another seed (the job's shuffles and initial weights follow it).
+        given = getattr(options, "counted_seed", None)
+        counted = secrets.randbelow(2**31) if given is None else given
         view = {options.course_dir: options.course} if options.course_dir else None
         command = [sys.executable, "-m", "assessment.run_notebook", "submission.ipynb", "executed.ipynb",
                    str(options.cell_timeout)]
@@ -221,7 +224,8 @@ def _grade(path: Path, out: Path, options: argparse.Namespace, grade: Grade) -> 
                               str(out / "executed" / f"{safe_name(path.stem)}.ipynb"), seconds=options.judge_timeout)
         grade.ran = judged["ran"]
         grade.notes = ([judged["run_problem"]] if judged["run_problem"] else []) + grade.notes + judged["notes"] + [
-            f"the run that counts ran at seed {counted} (make grade ... GRADE_ARGS=--counted-seed N runs it at another)"]
+            f"the run that counts ran at seed {counted}, " + ("drawn for this submission" if given is None else
+                                                              "given with --counted-seed")]
         for name, reason in judged["verdicts"].items():
             grade.points[name] = criteria[name][0] if reason is None else 0
             if reason:
@@ -421,8 +425,8 @@ def main(argv=None) -> int:
     parser.add_argument("--judge-timeout", type=float, default=judging.SECONDS,
                         help="seconds each judging step may take (it reads what a submission left, in a child process)")
     parser.add_argument("--counted-seed", type=int, default=None,
-                        help="the seed of every run that counts (default: settings.COUNTED_SEED); another one "
-                             "shows whether a submission's choice holds beyond the seed it was tried at")
+                        help="the seed of every run that counts (default: a new one drawn for each submission, "
+                             "which its feedback names); give one to re-grade a submission at the seed it had")
     parser.add_argument("--trust-submissions", action="store_true",
                         help="grade without the sandbox's boundary where it cannot be made: only for your own notebook")
     options = parser.parse_args(argv)

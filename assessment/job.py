@@ -201,7 +201,7 @@ def judge_provenance(check: JobCheck, records: dict, checkpoints: Path, load_sta
     the seed's initialisation (as the check's one-process reference does), each checkpoint be the DDP model's
     weights saved after its epoch's optimizer steps, unchanged since, and every batch the course's images in the
     sampler's order. A script that loads weights trained elsewhere, saves another model, or trains on other
-    images is refused here. (Records a script forges in its own process can defeat this: see the teaching guide.)"""
+    images is refused here."""
     import torch
 
     from utils import models

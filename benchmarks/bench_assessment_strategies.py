@@ -15,8 +15,9 @@ and the order of the batches. The strategies differ only in the learning rate at
 - ``linear+warmup``: ``BASE_LR * SCALE`` reached by a linear ramp over the first warm-up steps;
 - ``solution`` (only with ``--strategies``): the instructor edition's own ``make_optimizer``
   (assessment/assessment.ipynb), run as written, its scheduler stepped after every optimizer step as
-  the notebook's ``train`` does. Its rates are those of ``half-linear`` at every step (a test checks
-  it), so the ``half-linear`` rows are the solution's measurements.
+  the notebook's ``train`` does. Its rates are those of ``sqrt`` at every step (a test checks it), so
+  the ``sqrt`` rows are the solution's measurements in this one-process simulation (the real job's, at
+  drawn seeds: bench_assessment_job.py).
 
 The learning rate stays constant after that, as the assessment's baseline keeps its own, so the
 only difference between ``linear`` and ``linear+warmup`` is the warm-up. The baseline itself (one

@@ -28,8 +28,8 @@ from utils.release import learner_notebook
 
 ROOT = INSTRUCTOR.parent.parent
 FULL = sum(points for points, _ in CRITERIA.values())
-# The runs that count at seed 0 (settings.COUNTED_SEED, given explicitly so that the batch's verdicts stay the same if
-# the default changes): the quick-mode solution's run passes the target there with a margin.
+# The runs that count at seed 0, given (the grader draws one per submission by default): the batch's verdicts are then
+# the same at every run of the suite, and the quick-mode solution's run passes the target there with a margin.
 GRADER_ARGS = ["--quick", "--cell-timeout", "300", "--notebook-timeout", "900", "--job-timeout", "500", "--counted-seed", "0"]
 pytestmark = pytest.mark.timeout(3600)  # the batch is graded once, in the first test's set-up
 
@@ -574,7 +574,7 @@ def test_the_executed_notebook_given_to_the_instructor_runs_nothing_in_any_viewe
 
 def test_the_run_that_counts_gets_the_graders_seed(tmp_path, monkeypatch):
     """The seed reaches the notebook's environment and the judgement of the run's records, and the feedback names it:
-    settings.COUNTED_SEED by default, another with --counted-seed."""
+    one drawn for each submission by default, the one given with --counted-seed otherwise."""
     import argparse
     from assessment import judging, settings
     given, judged = [], []
@@ -584,10 +584,12 @@ def test_the_run_that_counts_gets_the_graders_seed(tmp_path, monkeypatch):
                         judged.append(args[2]) or {"ran": True, "run_problem": "", "notes": [], "verdicts": {},
                                                    "target": [False, "no checkpoint"], "speed": [False, "no target"]})
     rows = []
-    for seed in (None, 12345):
+    for seed in (None, None, 12345):
         options = argparse.Namespace(judge_timeout=5, quick=True, course=str(ROOT), course_dir=None, mode="none",
                                      cell_timeout=60, notebook_timeout=60, job_timeout=60, counted_seed=seed)
         rows.append(grade_module.grade_one(ROOT / "assessment" / "assessment.ipynb", tmp_path, options))
     seeds = [g for g in given if g is not None]
-    assert seeds == [str(settings.COUNTED_SEED), "12345"] and judged == [settings.COUNTED_SEED, 12345], (given, judged)
-    assert all(f"ran at seed {s} " in " ".join(row.notes) for row, s in zip(rows, seeds))
+    assert len(seeds) == 3 and seeds[2] == "12345" and [int(s) for s in seeds] == judged, (given, judged)
+    assert seeds[0] != seeds[1], "two submissions got the same drawn seed (1 chance in 2**31)"
+    assert all(f"ran at seed {s}, " in " ".join(row.notes) for row, s in zip(rows, seeds))
+    assert ["drawn for this submission" in " ".join(row.notes) for row in rows] == [True, True, False]

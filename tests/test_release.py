@@ -191,6 +191,17 @@ def test_the_learner_bundle_works_and_holds_none_of_the_assessments_secrets(tmp_
                  "assessment/assessment.ipynb", "assessment/job.py", "assessment/grade.py", "utils/release.py"):
         assert (bundle / name).is_file(), f"the bundle lacks {name}"
     assert all("BEGIN SOLUTION" not in p.read_text() for p in bundle.rglob("*.ipynb"))
+    # The instructors' and maintainers' guides stay out, and with them every word of what the grader does not catch.
+    assert not (bundle / "TEACHING.md").exists() and not (bundle / "MAINTAINING.md").exists()
+    learners = (ROOT / "README.md").read_text()
+    guides = {line.strip() for name in ("TEACHING.md", "MAINTAINING.md") for line in (ROOT / name).read_text().split("\n")
+              if len(line.strip()) > 40 and line.strip() not in learners}
+    assert any("does not protect" in line for line in guides)
+    for path in bundle.rglob("*"):
+        if path.is_file() and path.suffix in (".md", ".py", ".ipynb", ".txt", ""):
+            text = path.read_text(errors="replace")
+            copied = [line for line in guides if line in text]
+            assert not copied, f"{path.relative_to(bundle)} holds the guides' {copied[:2]}"
     # make lab's first step, and make test's collection, work inside the bundle on its own files.
     done = subprocess.run([sys.executable, "-m", "utils.release", "--workspace", "ws"], cwd=bundle,
                           capture_output=True, text=True, timeout=300)
