@@ -98,31 +98,6 @@ def _check_archive(path: Path, expected: dict) -> None:
                              f"{_mb(tensors)}. {_SAVE}")
 
 
-def check_results_archive(path: Path, max_bytes: int, max_entries: int = 2000) -> None:
-    """Refuse, from its zip directory alone, a results file (``torch.save`` by a probe's rank inside the
-    sandbox) that would expand past ``max_bytes``: the grader loads these in its own process."""
-    try:
-        info = os.lstat(path)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
-            raise ModelFileError(f"the results file {path.name} is not a regular file of at most {_mb(max_bytes)}")
-        with zipfile.ZipFile(path) as archive:
-            entries = archive.infolist()
-    except ModelFileError:
-        raise
-    except Exception as error:  # BadZipFile, OSError, ValueError from a hostile directory
-        raise ModelFileError(f"the results file {path.name} is not a zip archive ({type(error).__name__})") from None
-    if len(entries) > max_entries:
-        raise ModelFileError(f"the results file {path.name} has {len(entries)} entries (at most {max_entries})")
-    for entry in entries:
-        if entry.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED) or (
-                entry.compress_type == zipfile.ZIP_STORED and entry.compress_size != entry.file_size) or (
-                entry.compress_size > entry.file_size + entry.file_size // 1000 + 64) or (
-                entry.file_size > RATIO_FLOOR and entry.file_size > MAX_RATIO * entry.compress_size):
-            raise ModelFileError(f"the results file {path.name} has a damaged or bomb-like entry")
-    if sum(entry.file_size for entry in entries) > max_bytes:
-        raise ModelFileError(f"the results file {path.name} declares more than {_mb(max_bytes)}")
-
-
 def load_state_dict(path, expected: dict, memory_bytes: int = 1 << 30, timeout_s: float = 60) -> dict:
     """The state_dict saved at ``path``, checked against ``expected`` (name -> (shape, dtype)).
 

@@ -258,14 +258,3 @@ def train_parle(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: in
         history.test_loss.append(test_loss)
         history.test_accuracy.append(accuracy)
     return history
-
-
-def lenet(dropout: float = 0.25) -> nn.Sequential:
-    """The original's LeNet-style network for 28x28 grey images: two blocks of 5x5 convolution
-    (20, then 50 channels), BatchNorm, ReLU, max pooling (3, then 2) and dropout; 500 hidden
-    units with BatchNorm; 10 classes. 14 parameter tensors."""
-    def block(c_in, c_out, pool):
-        return [nn.Conv2d(c_in, c_out, 5), nn.BatchNorm2d(c_out), nn.ReLU(), nn.MaxPool2d(pool), nn.Dropout(dropout)]
-
-    return nn.Sequential(*block(1, 20, 3), *block(20, 50, 2), nn.Flatten(), nn.Linear(50 * 2 * 2, 500),
-                         nn.BatchNorm1d(500), nn.ReLU(), nn.Dropout(dropout), nn.Linear(500, 10))

@@ -5,6 +5,7 @@ from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 
+from .batch_size import predicted_steps
 from .collectives import fit_alpha_beta, ring_all_reduce_seconds
 
 
@@ -414,7 +415,7 @@ def plot_steps_to_target(batch_sizes: Sequence[int], steps: Sequence[float], yla
             label="perfect scaling")
     if fit is not None and all(v > 0 for v in fit):
         grid = np.geomspace(min(batch_sizes), max(batch_sizes) * 2, 100)
-        ax.plot(grid, fit[0] * (1 + fit[1] / grid), "-", label=f"S_min (1 + B_crit / B), B_crit = {fit[1]:.0f}")
+        ax.plot(grid, predicted_steps(grid, *fit), "-", label=f"S_min (1 + B_crit / B), B_crit = {fit[1]:.0f}")
     for i, (label, batch) in enumerate((marks or {}).items()):
         ax.axvline(batch, color=f"C{i + 2}", linestyle=("--", "-.", ":")[i % 3], label=label)
     ax.set_xscale("log")
