@@ -44,7 +44,32 @@ matplotlib.use("Agg")  # no display in tests; must run before pyplot is imported
 import pytest  # noqa: E402
 
 
+DURATIONS = Path(__file__).resolve().parent.parent / "build" / "test-durations.json"
+_SECONDS: dict = {}   # test id -> seconds of its set-up, call and teardown
+
+
+def pytest_runtest_logreport(report):
+    _SECONDS[report.nodeid] = _SECONDS.get(report.nodeid, 0.0) + report.duration
+
+
+def _write_durations(exitstatus) -> None:
+    """The run's 20 slowest tests, with the machine and its load, for a maintainer trimming the suite (every run
+    rewrites it; MAINTAINING.md says how to read it)."""
+    import json
+    import time
+
+    slowest = sorted(_SECONDS.items(), key=lambda item: -item[1])[:20]
+    DURATIONS.parent.mkdir(parents=True, exist_ok=True)
+    DURATIONS.write_text(json.dumps({
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "exit_status": int(exitstatus), "tests": len(_SECONDS),
+        "total_s": round(sum(_SECONDS.values()), 1), "cores": os.cpu_count(),
+        "load_average": [round(v, 2) for v in os.getloadavg()], "ci": os.environ.get("CI") == "true",
+        "slowest_s": [[name, round(seconds, 1)] for name, seconds in slowest]}, indent=1) + "\n")
+
+
 def pytest_sessionfinish(session, exitstatus):
+    if _SECONDS and not hasattr(session.config, "workerinput"):
+        _write_durations(exitstatus)
     after = _snapshot(REAL_HOME)
     changed = sorted(key for key in set(_BEFORE) | set(after) if _BEFORE.get(key) != after.get(key))
     if changed:
