@@ -13,11 +13,12 @@ JOBS ?= 1
 GRADE_ARGS ?=
 RELEASE_ARGS ?=
 
-.PHONY: help venv lab test release course grade slides
+.PHONY: help venv lab test test-fast release course grade slides
 
 help:
 	@echo "make lab      open JupyterLab on your own copy of the labs in $(WORKSPACE)/"
 	@echo "make test     run the whole test suite (every notebook in quick mode)"
+	@echo "make test-fast  the tests not marked slow (no real jobs or notebooks): a few minutes"
 	@echo "make release  write the learner bundle (what learners get) to build/release/"
 	@echo "make grade SUBMISSIONS=folder [JOBS=2]  grade assessment notebooks into build/grades/"
 	@echo "make course   execute every lab and the assessment (full mode; COURSE_QUICK=1 for quick) into"
@@ -44,6 +45,11 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The library's, the checks' and the tools' unit tests, without the tests marked slow (real processes,
+# jobs, notebooks): a few minutes, for a maintainer between edits. make test runs everything.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 release: $(STAMP)
 	$(BIN)/python -m utils.release --out build/release $(RELEASE_ARGS)

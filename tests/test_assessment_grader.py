@@ -31,7 +31,7 @@ FULL = sum(points for points, _ in CRITERIA.values())
 # The runs that count at seed 0, given (the grader draws one per submission by default): the batch's verdicts are then
 # the same at every run of the suite, and the quick-mode solution's run passes the target there with a margin.
 GRADER_ARGS = ["--quick", "--cell-timeout", "300", "--notebook-timeout", "900", "--job-timeout", "500", "--counted-seed", "0"]
-pytestmark = pytest.mark.timeout(3600)  # the batch is graded once, in the first test's set-up
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # the batch is graded once, in the first test's set-up
 
 
 def instructor():

@@ -12,7 +12,7 @@ from assessment.submission import INSTRUCTOR
 from check_helpers import edited_script, fails
 from utils.checks import Incorrect
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 CHECK = job.job_check(seed=11)
 TEARDOWN = "    try:\n        train(args, rank, world_size, device)\n    finally:\n        dist.destroy_process_group()"

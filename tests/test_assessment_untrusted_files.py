@@ -33,6 +33,9 @@ from utils.models import CNN
 GIB = 1 << 30
 
 
+pytestmark = pytest.mark.slow   # real processes or notebooks: left out of make test-fast
+
+
 def cnn_state() -> dict:
     """The same fresh CNN weights each call, leaving the global random state as it was."""
     with torch.random.fork_rng(devices=[]):

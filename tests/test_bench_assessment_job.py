@@ -7,9 +7,12 @@ import statistics
 import subprocess
 import sys
 
+import pytest
+
 from notebook_runner import ROOT
 
 RECORDED = ROOT / "benchmarks" / "results" / "assessment_job.json"
+pytestmark = pytest.mark.slow   # real processes or notebooks: left out of make test-fast
 
 
 def full_mode_settings() -> dict:

@@ -18,7 +18,7 @@ from notebook_runner import ROOT
 from utils import cluster, release
 from utils.checks import Incorrect, NotSolved, lab04
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")

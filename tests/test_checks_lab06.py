@@ -16,7 +16,7 @@ from notebook_runner import ROOT
 from utils import release
 from utils.checks import Incorrect, NotSolved, lab06
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 LAB = ROOT / "labs" / "06_realistic_model.ipynb"
 

@@ -17,7 +17,7 @@ from check_helpers import fails
 from utils import cluster
 from utils.checks import Incorrect, NotSolved, lab08
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 # --- 8.1 the weight average -------------------------------------------------------------------------

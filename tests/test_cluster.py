@@ -17,7 +17,7 @@ from ipyparallel import interactive
 from notebook_runner import ROOT
 from utils import cluster, export
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def _cluster_processes(root: int | None = None) -> list[psutil.Process]:

@@ -27,6 +27,9 @@ DTYPES = (torch.float32, torch.float64, torch.int64)
 
 # ---------------------------------------------------------------- ring against gloo, per world size
 
+pytestmark = pytest.mark.slow   # real processes or notebooks: left out of make test-fast
+
+
 def _cases(world_size):
     """Hand-picked awkward shapes plus a seeded random list: (shape, dtype, transpose, seed)."""
     p = world_size

@@ -20,6 +20,9 @@ TOLERANCE = 1e-9            # float64: a correct wrapper differs from one proces
 BUCKET_CAPS_MB = (1e-6, 0.002, 1000.0)   # one parameter per bucket, a few per bucket, one bucket
 
 
+pytestmark = pytest.mark.slow   # real processes or notebooks: left out of make test-fast
+
+
 class SumWithoutDividing(ddp.NaiveDDP):
     """Seed 000's bug: the gradients are summed over ranks but not divided by the world size."""
 

@@ -62,6 +62,9 @@ RUNS = {"naive": {"destroy": 1, "return": 1}, "flat": {"destroy": 1, "return": 1
 TORCHRUN_RUNS = 2                           # OverlapDDP and BucketedDDP in turn
 
 
+pytestmark = pytest.mark.slow   # real processes or notebooks: left out of make test-fast
+
+
 def _model():
     from torch import nn
 

@@ -30,6 +30,9 @@ from utils.parallel_sgd import shard_indices
 P, BLOCK, CLASSES, N, SEED = 2, 4, 3, 96, 5
 
 
+pytestmark = pytest.mark.slow   # real processes or notebooks: left out of make test-fast
+
+
 def _block_data():
     """Sample i of shard r has features in block r only; labels from a random linear teacher."""
     g = torch.Generator().manual_seed(0)

@@ -12,7 +12,7 @@ from test_checks_lab06 import with_mistake
 from utils.checks import Incorrect, lab06
 from utils.checks.job_check import REPLAYED_OPTIMIZER, JobCheck
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 REPLAYED = JobCheck("A", lab06.JOB, saved="model.pt", optimizer=REPLAYED_OPTIMIZER)
 SGD = "optimizer = torch.optim.SGD(ddp_model.parameters(), lr=args.lr, momentum=0.9)"

@@ -17,6 +17,9 @@ LEARNER_CORES = 8
 SCALED_LABS = ["06_realistic_model.ipynb", "08_beyond_sync_sgd.ipynb"]   # lab 07: tests/test_notebooks.py, CORES_FOR
 
 
+pytestmark = pytest.mark.slow   # real processes or notebooks: left out of make test-fast
+
+
 @pytest.mark.parametrize("name", SCALED_LABS)
 def test_lab_at_eight_cores_prints_only_verdicts_its_numbers_bear_out(name, tmp_path):
     record = tmp_path / "verdicts.jsonl"

@@ -21,7 +21,7 @@ import torch
 import netns
 from utils import export
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 HERE = Path(__file__).resolve().parent
 NOTEBOOK = HERE / "multihost_notebook.py"

@@ -14,6 +14,9 @@ LABS = sorted((ROOT / "labs").glob("*.ipynb"))
 ids = [p.name for p in NOTEBOOKS]
 
 
+pytestmark = pytest.mark.slow   # real processes or notebooks: left out of make test-fast
+
+
 def test_labs_are_present_and_numbered():
     assert LABS, "no notebook in labs/"
     for path in LABS:

@@ -27,6 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 N, D, CLASSES, BATCH, STEPS, LR, WORLD = 96, 6, 3, 4, 12, 0.3, 3
 
 
+pytestmark = pytest.mark.slow   # real processes or notebooks: left out of make test-fast
+
+
 def _data():
     g = torch.Generator().manual_seed(7)
     x = torch.randn(N, D, generator=g, dtype=torch.float64)

@@ -13,6 +13,9 @@ from server_helpers import engines_of
 from utils import course, px
 
 
+pytestmark = pytest.mark.slow   # real processes or notebooks: left out of make test-fast
+
+
 def _trace(line: int, code: list[str], ename: str, evalue: str, engine_cell: int = 2) -> str:
     """An engine's traceback as ipykernel formats it (colours included)."""
     body = "".join(f"\x1b[32m{'---->' if i == line else '     '} \x1b[39m\x1b[32m{i}\x1b[39m {text}\n"

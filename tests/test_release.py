@@ -12,6 +12,9 @@ NOTEBOOKS = release.source_notebooks()
 ids = [p.name for p in NOTEBOOKS]
 
 
+pytestmark = pytest.mark.slow   # real processes or notebooks: left out of make test-fast
+
+
 def test_solution_becomes_stub_with_hint_and_indentation():
     source = ("def f(x):\n    # Hint: square it\n    ### BEGIN SOLUTION\n    y = x * x\n    return y\n"
               "    ### END SOLUTION\n\nprint(f)")

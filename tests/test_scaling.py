@@ -12,6 +12,9 @@ from spawn_ranks import run_ranks
 from utils import collectives, data, gpu_speed, scaling
 
 
+pytestmark = pytest.mark.slow   # real processes or notebooks: left out of make test-fast
+
+
 def torch_buckets(param_bytes, bucket_cap_mb):
     """What a real DDP all-reduces for parameters of these sizes (lab 06's check records it with a
     comm hook); ``param_bytes`` in backward order, the model's parameters in the opposite order."""
