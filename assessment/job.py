@@ -176,7 +176,8 @@ def judge_counted_run(folder: Path, seed: int, checkpoints: Path, load_state=Non
         check.judge_calls(records, settings.WORKERS)
         # set_epoch values far from the epochs (an offset that cancels the given seed: the sampler shuffles with seed
         # + value) would make every graded run the same pre-tuned run, whatever seed the grader gives
-        values = sorted({value for rec in records.values() for sampler in rec["samplers"] for value in sampler["iterated"]})
+        values = sorted({value for rec in records.values() for sampler in _training_samplers(rec, check)
+                         for value in sampler["iterated"]})
         if any(not 0 <= int(value) < SET_EPOCH_LIMIT for value in values):
             return (f"the run that counts: its samplers were read with set_epoch values {values[:5]}"
                     f"{' ...' if len(values) > 5 else ''}: the run's order must come from the seed it is given and the "
@@ -215,31 +216,32 @@ def judge_provenance(check: JobCheck, records: dict, checkpoints: Path, load_sta
     initial = state_digest(models.CNN(dataset.input_shape, dropout=job["dropout"]).state_dict())
     if records[0].get("initial") != initial:
         return ("the model's weights when DDP wrapped them on rank 0 were not the initialisation its seed gives "
-                "(torch.manual_seed(seed), then the course's CNN, as the check's one-process reference starts): a run "
-                "starts from those weights, not from weights loaded or trained before")
+                "(torch.manual_seed(seed), then the course's CNN built on the CPU and moved to the device, as the check's "
+                "one-process reference starts): a run starts from those weights, not from weights loaded or trained "
+                "before")
     per_rank, drop_last = job["global_batch"] // nproc, check._drops_last(records, nproc)
-    epoch_values = {r: [v for sampler in rec["samplers"] for v in sampler["iterated"]] for r, rec in records.items()}
+    epoch_values = {r: [v for sampler in _training_samplers(rec, check) for v in sampler["iterated"]]
+                    for r, rec in records.items()}
     steps_per_epoch = len(check._expected_batches(nproc, drop_last)) // job["epochs"]
-    saved = {}
-    for entry in records[0].get("saved", []):
-        saved[str(entry.get("file"))] = entry      # the last save under a name is the file's
+    saves = [entry for entry in records[0].get("saved", []) if isinstance(entry, dict)]
     for epoch in range(1, job["epochs"] + 1):
         name = settings.checkpoint_name(epoch)
         if not (checkpoints / name).is_file():
             continue                               # judge_checkpoints says what a missing one costs
-        entry = saved.get(name)
-        if entry is None:
-            return f"{name} was not written by torch.save on rank 0 during the run"
-        if entry.get("digest") is None or entry.get("digest") != entry.get("model"):
+        # Matched by content, not by the name saved to: a save to a temporary name renamed after is the same save.
+        state = load_state(checkpoints / name)
+        digest = None if state is None else state_digest(state)
+        same = [entry for entry in saves if digest is not None and entry.get("digest") == digest]
+        if not same:
+            return (f"{name} is not what any torch.save of rank 0 wrote during the run: it was written another way, "
+                    f"or changed after the save")
+        if not any(entry.get("model") == digest for entry in same):
             return (f"what rank 0 saved as {name} was not the DDP model's weights at that moment: save "
                     f"ddp_model.module.state_dict() after each epoch")
-        if entry.get("steps") != epoch * steps_per_epoch:
-            return (f"{name} was saved after {entry.get('steps')} optimizer steps; after epoch {epoch} the run has "
+        if not any(entry.get("model") == digest and entry.get("steps") == epoch * steps_per_epoch for entry in same):
+            return (f"{name} was saved after {same[-1].get('steps')} optimizer steps; after epoch {epoch} the run has "
                     f"taken {epoch * steps_per_epoch} ({steps_per_epoch} per epoch): save each epoch's model under "
                     f"that epoch's name")
-        state = load_state(checkpoints / name)
-        if state is None or state_digest(state) != entry["digest"]:
-            return f"{name} is not the file rank 0 saved: it was changed or replaced after the save"
     for rank, rec in records.items():
         sums = rec.get("input_sums")
         images = [dataset.x_train[torch.tensor(batch)].double()
@@ -257,6 +259,11 @@ def judge_provenance(check: JobCheck, records: dict, checkpoints: Path, load_sta
                         f"{got if not isinstance(got, float) else f'{got:.6g}'}): train on the training set the "
                         f"assessment loads, in the order its DistributedSampler gives")
     return None
+
+
+def _training_samplers(record: dict, check: JobCheck) -> list:
+    """The rank's samplers over the training set (one over the test set, for an evaluation, reads other images)."""
+    return [sampler for sampler in record["samplers"] if sampler.get("size") == check.job["train_size"]]
 
 
 _TRAINING_SETS: dict = {}

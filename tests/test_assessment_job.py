@@ -176,15 +176,25 @@ UNCHECKED = {   # a script that trains otherwise when the check's simulated GPUs
                                     "                    p -= 0.02 * p.grad\n"
                                     "    ddp_model = DDP("),
                                    "not the initialisation its seed gives"),
-    # a model other than the DDP one saved (trained on the side: here a copy nudged after every epoch)
-    "another model saved": (("            torch.save(model.state_dict(),",
-                             "            import copy\n"
-                             "            other = copy.deepcopy(model)\n"
-                             "            with torch.no_grad():\n"
-                             "                for p in other.parameters():\n"
-                             "                    p.mul_(1.001)\n"
-                             "            torch.save(other.state_dict() if not os.environ.get('COURSE_PROBE_GPUS') else model.state_dict(),"),
-                            "was not the DDP model's weights"),
+    # other weights saved as the DDP model's: a state_dict hook that changes what state_dict() returns (an outside
+    # review: the probe once read the model's digest through state_dict() too, and saw the same changed weights)
+    "other weights through a state_dict hook": (("    optimizer, schedule = make_optimizer(",
+                                                 "    if not os.environ.get('COURSE_PROBE_GPUS'):\n"
+                                                 "        def other(module, state, prefix, metadata):\n"
+                                                 "            state.update({k: v * 1.001 for k, v in state.items()})\n"
+                                                 "        model.register_state_dict_post_hook(other)\n"
+                                                 "    optimizer, schedule = make_optimizer("),
+                                                "was not the DDP model's weights"),
+    # a decoy DDP model at the seed's initialisation, then the trained one around other weights (an outside review)
+    "a decoy DDP model first": (("    ddp_model = DDP(model, ",
+                                 "    if not os.environ.get('COURSE_PROBE_GPUS'):\n"
+                                 "        import copy\n"
+                                 "        DDP(copy.deepcopy(model), device_ids=[device] if device.type == 'cuda' else None)\n"
+                                 "        with torch.no_grad():\n"
+                                 "            for p in model.parameters():\n"
+                                 "                p.mul_(1.01)\n"
+                                 "    ddp_model = DDP(model, "),
+                                "not the initialisation its seed gives"),
     # each epoch's model saved under the next epoch's name: a later model counted for an earlier epoch
     "checkpoints named an epoch early": (("settings.checkpoint_name(epoch + 1)",
                                           "settings.checkpoint_name(epoch + (0 if epoch and not os.environ.get('COURSE_PROBE_GPUS') else 1))"),

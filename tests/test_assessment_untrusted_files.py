@@ -570,7 +570,7 @@ def test_checkpoints_not_from_the_recorded_training_are_refused_with_their_own_m
     torch.manual_seed(seed)
     model = CNN(dataset.input_shape, dropout=run["dropout"])
     records = {rank: {"rank": str(rank), "initial": state_digest(model.state_dict()), "saved": [],
-                      "samplers": [{"iterated": epochs}], "batches": [], "input_sums": []}
+                      "samplers": [{"size": run["train_size"], "iterated": epochs}], "batches": [], "input_sums": []}
                for rank in range(settings.WORKERS)}
     for rank, rec in records.items():
         for epoch in epochs:
@@ -591,15 +591,18 @@ def test_checkpoints_not_from_the_recorded_training_are_refused_with_their_own_m
     first = tmp_path / settings.checkpoint_name(1)
     kept = first.read_bytes()
     torch.save(cnn_state(), first)          # a friend's model written over the saved file
-    assert "epoch_01.pt is not the file rank 0 saved" in job.judge_provenance(check, records, tmp_path,
-                                                                              job._load_trusted_state)
+    assert "epoch_01.pt is not what any torch.save of rank 0 wrote" in job.judge_provenance(
+        check, records, tmp_path, job._load_trusted_state)
     first.write_bytes(b"not a checkpoint")
-    assert "is not the file rank 0 saved" in job.judge_provenance(check, records, tmp_path, job._load_trusted_state)
+    assert "is not what any torch.save" in job.judge_provenance(check, records, tmp_path, job._load_trusted_state)
     first.write_bytes(kept)
     saved = records[0]["saved"].pop(1)      # a checkpoint no torch.save of the run wrote (copied in)
-    assert "epoch_02.pt was not written by torch.save" in job.judge_provenance(check, records, tmp_path,
-                                                                               job._load_trusted_state)
-    records[0]["saved"].insert(1, saved)
+    assert "epoch_02.pt is not what any torch.save of rank 0 wrote" in job.judge_provenance(
+        check, records, tmp_path, job._load_trusted_state)
+    records[0]["saved"].insert(1, dict(saved, file="epoch_02.pt.tmp"))   # saved to a temporary name, renamed after
+    assert job.judge_provenance(check, records, tmp_path, job._load_trusted_state) is None
+    records[0]["samplers"].append({"size": len(dataset.x_test), "iterated": epochs})   # a test-set sampler: not training
+    assert job.judge_provenance(check, records, tmp_path, job._load_trusted_state) is None
     for forged in (float("nan"), "1.0", None):
         records[1]["input_sums"][5] = forged
         assert "rank 1's training forward 6 (epoch 1) was not given the course's images" in job.judge_provenance(

@@ -371,7 +371,7 @@ def _record_calls(record: dict, gpus: SimulatedGPUs, weights: _WeightWatch, inpu
     calls_only = os.environ.get("COURSE_PROBE_CALLS_ONLY") == "1"   # a real run: its settings left as they are
     torchrun_master = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"   # before the script runs
     positions = {}                                   # id of a parameter of the DDP model -> its position
-    wrapped = []                                     # the module inside the last DDP model
+    trained = []     # the last DDP model's weights and buffers by name: the tensor objects DDP and its optimizer update
 
     def init_process_group(*args, **kwargs):
         bound = inspect.signature(init).bind(*args, **kwargs)
@@ -418,7 +418,7 @@ def _record_calls(record: dict, gpus: SimulatedGPUs, weights: _WeightWatch, inpu
         if len(record["saved"]) < MAX_SAVES:
             record["saved"].append({"file": os.path.basename(str(f)), "steps": record["optimizer_steps"],
                                     "digest": state_digest(obj),
-                                    "model": state_digest(wrapped[0].state_dict()) if wrapped else None})
+                                    "model": state_digest(trained[0]) if trained else None})
         return save(obj, f, *args, **kwargs)
 
     def hand_all_reduce(tensor, *args, **kwargs):
@@ -455,9 +455,11 @@ def _record_calls(record: dict, gpus: SimulatedGPUs, weights: _WeightWatch, inpu
         bound = inspect.signature(ddp_init).bind(self, *args, **kwargs)
         module = bound.arguments["module"]
         record["ddp"] += 1
-        if record["initial"] is None:   # the first DDP model's weights before DDP broadcasts rank 0's
-            record["initial"] = state_digest(module.state_dict())
-        wrapped[:] = [module]
+        # The last DDP model's (the one watched and saved), before DDP broadcasts rank 0's. Its tensors are kept by
+        # object, not re-read through state_dict() at a save: a state_dict hook or a parameter swapped in before a
+        # save would otherwise show other weights than the ones trained.
+        record["initial"] = state_digest(module.state_dict())
+        trained[:] = [dict(module.state_dict(keep_vars=True))]
         record["params"] = sum(p.numel() for p in module.parameters())
         positions.clear()
         positions.update({id(p): i for i, p in enumerate(module.parameters())})
