@@ -44,9 +44,11 @@ JOB_FILE = "train_job.py"
 # How fast: the run that counts must hold the target within SPEED_FACTOR x the optimizer steps the course's solution
 # takes to it. REFERENCE_EPOCHS: the epoch that ends the solution's first held pair, its median over the drawn seeds
 # of benchmarks/results/assessment_job.json (full mode; re-derived by tests/test_bench_assessment_job.py, which also
-# checks that the solution's slowest recorded seed is within the factor); quick mode: its last epoch.
-REFERENCE_EPOCHS = config.pick(quick=3, full=10)
-SPEED_FACTOR = 1.5
+# checks that the solution's slowest recorded seed is within the factor); quick mode: its last epoch. SPEED_FACTOR:
+# the solution's slowest recorded seed holds within it with an epoch to spare, and a run 20% slower than the median
+# passes; in full mode the rule then refuses runs that hold the target only in the last epochs.
+REFERENCE_EPOCHS = config.pick(quick=3, full=14)
+SPEED_FACTOR = 1.3
 
 
 def counted_seed() -> int:
