@@ -609,3 +609,20 @@ def test_checkpoints_not_from_the_recorded_training_are_refused_with_their_own_m
             check, records, tmp_path, job._load_trusted_state)
     records[1]["input_sums"] = "unknown (RuntimeError)"
     assert "rank 1 recorded no training inputs" in job.judge_provenance(check, records, tmp_path, job._load_trusted_state)
+
+
+def test_the_probes_digest_never_fails_a_save_whatever_is_saved(tmp_path):
+    """The probe digests whatever a script saves (an outside test saved sparse weights, and its save then raised in
+    the probe): anything but a dict of dense tensors named by strings has no digest; weights and the file they were
+    saved to have the same one."""
+    from utils.checks.job_probe import state_digest
+    state = cnn_state()
+    torch.save(state, tmp_path / "w.pt")
+    assert state_digest(state) == state_digest(torch.load(tmp_path / "w.pt", weights_only=True)) is not None
+    assert state_digest({k: v.clone() for k, v in state.items()}) == state_digest(state)
+    changed = dict(state, **{"conv1.bias": state["conv1.bias"] + 1e-7})
+    assert state_digest(changed) != state_digest(state)
+    odd = [{k: v.to_sparse() for k, v in state.items()}, {1: torch.ones(2)}, {"w": [torch.ones(2)]}, {}, [state],
+           {"w": torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8)},
+           {"w": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])}]
+    assert [state_digest(value) for value in odd] == [None] * len(odd)

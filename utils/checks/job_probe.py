@@ -88,16 +88,24 @@ _DESTROY = dist.destroy_process_group          # torch's own, which the probe's 
 
 
 def state_digest(state) -> str | None:
-    """A digest of a state_dict's names, dtypes, shapes and values (None: not a dict of tensors), the same for
-    the weights in memory and for the file they were saved to, on any device."""
-    if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
+    """A digest of a state_dict's names, dtypes, shapes and values, the same for the weights in memory and for
+    the file they were saved to, on any device. None for anything else (not a dict of dense tensors named by
+    strings): the probe digests whatever a script saves, and must never make its save fail."""
+    if not isinstance(state, dict) or not state or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
         return None
     digest = hashlib.sha256()
-    with torch._C.DisableTorchFunction(), torch.no_grad():
-        for key in sorted(map(str, state)):
-            value = state[key].detach().to("cpu").contiguous().reshape(-1)
-            digest.update(f"{key}|{value.dtype}|{tuple(state[key].shape)}|".encode())
-            digest.update(value.view(torch.uint8).numpy().tobytes())
+    try:
+        with torch._C.DisableTorchFunction(), torch.no_grad():
+            for key in sorted(state):
+                tensor = state[key]
+                if tensor.layout != torch.strided or tensor.is_nested or tensor.is_quantized:
+                    return None
+                value = tensor.detach().to("cpu").contiguous().reshape(-1)
+                digest.update(f"{key}|{value.dtype}|{tuple(tensor.shape)}|".encode())
+                digest.update(value.view(torch.uint8).numpy().tobytes())
+    except Exception:  # noqa: BLE001 - a tensor of a kind no file of the course's model holds: no digest
+        return None
     return digest.hexdigest()
 
 
