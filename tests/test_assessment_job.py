@@ -65,8 +65,8 @@ MISTAKES = {
     "loss as a mean of batch means": ([("            totals[0] += loss.detach() * len(y)\n            totals[1] += len(y)",
                                         "            totals[0] += loss.detach()\n            totals[1] += 1")],
                                       "train_loss is"),
-    "a scheduler that differs by rank": ([("lr = settings.BASE_LR * (global_batch / settings.BASE_BATCH) / 2",
-                                           "lr = settings.BASE_LR * (global_batch / settings.BASE_BATCH) / (2 + dist.get_rank())")],
+    "a scheduler that differs by rank": ([("lr = settings.BASE_LR * (global_batch / settings.BASE_BATCH) ** 0.5",
+                                           "lr = settings.BASE_LR * (global_batch / settings.BASE_BATCH) ** 0.5 / (1 + dist.get_rank())")],
                                          "every rank must take the same steps"),
 }
 
