@@ -8,9 +8,10 @@ code, tensors that are not plain numbers. Three layers, each cheap:
 1. Here, before anything is decompressed or unpickled: the file's size, and the zip archive's
    central directory (entry count, each entry's declared size, the total, compression ratios)
    against caps derived from the tensors the grader expects.
-2. In a child process (this file run as a script) under RLIMIT_AS and a wall timeout:
+2. In a child process (this file run as a script) under RLIMIT_AS and a wall timeout per file:
    ``torch.load(weights_only=True)`` (no code is unpickled), then every check on the contents.
-   The child writes back only the tensors' raw bytes, in the expected order.
+   The child writes back only the tensors' raw bytes, in the expected order. It serves one file
+   after another (one per thread of the caller), so torch is imported once, not once per file.
 3. Here again: the bytes become tensors of the expected shapes and dtypes (so nothing the child
    produced is unpickled in the grader) and are checked for finite values once more.
 """
@@ -19,12 +20,16 @@ from __future__ import annotations
 import json
 import math
 import os
+import selectors
 import shutil
 import signal
 import stat
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+import weakref
 import zipfile
 from pathlib import Path
 
@@ -98,12 +103,85 @@ def _check_archive(path: Path, expected: dict) -> None:
                              f"{_mb(tensors)}. {_SAVE}")
 
 
+class _Loader:
+    """One child process that loads model files one request at a time: torch is imported once per loader, not
+    once per file (a grader judging 8 checkpoints spent 30 s importing torch). Each request has its own
+    timeout; a child that times out or crashes is ended, and the next request starts a fresh one."""
+
+    def __init__(self, memory_bytes: int):
+        self.memory_bytes = memory_bytes
+        self.log = tempfile.TemporaryFile()   # the child's stderr: a pipe nobody reads could fill and block it
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+        # -I: the script's folder (assessment/, with modules named like stdlib ones) is not on sys.path.
+        self.proc = subprocess.Popen([sys.executable, "-I", str(Path(__file__).resolve()), str(int(memory_bytes))],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env)
+        self._end = weakref.finalize(self, _end_child, self.proc, self.log)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def end(self) -> None:
+        self._end()
+
+    def ask(self, request: dict, timeout_s: float):
+        """(exit code or None while it runs, the answer line or "", the last line of its stderr).
+        Raises TimeoutError (the child is then ended)."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError:
+            pass   # it died: its exit code below says how
+        line = b""
+        fd = self.proc.stdout.fileno()
+        with selectors.DefaultSelector() as waiting:
+            waiting.register(fd, selectors.EVENT_READ)
+            while not line.endswith(b"\n"):
+                left = deadline - time.monotonic()
+                if left <= 0 or not waiting.select(left):
+                    self.end()
+                    raise TimeoutError
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break
+                line += chunk
+        code = None if line.endswith(b"\n") else self.proc.wait()
+        self.log.seek(0, os.SEEK_END)
+        self.log.seek(max(0, self.log.tell() - 2000))
+        tail = self.log.read().decode("utf-8", "replace").strip().splitlines()[-1:] or ["no message"]
+        return code, line.decode("utf-8", "replace"), tail[0]
+
+
+def _end_child(proc, log) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    for stream in (proc.stdin, proc.stdout, log):
+        try:
+            stream.close()
+        except OSError:
+            pass
+
+
+_loaders = threading.local()   # one loader per thread: concurrent loads (a test's threads) keep apart
+
+
+def _loader(memory_bytes: int) -> _Loader:
+    loader = getattr(_loaders, "loader", None)
+    if loader is None or not loader.alive() or loader.memory_bytes != memory_bytes:
+        if loader is not None:
+            loader.end()
+        loader = _loaders.loader = _Loader(memory_bytes)
+    return loader
+
+
 def load_state_dict(path, expected: dict, memory_bytes: int = 1 << 30, timeout_s: float = 60) -> dict:
     """The state_dict saved at ``path``, checked against ``expected`` (name -> (shape, dtype)).
 
     Returns plain contiguous CPU tensors, keyed and ordered as ``expected``. Raises ModelFileError, and
     nothing else, for any file. ``memory_bytes`` is the address space the loading child may use beyond
     the interpreter with torch imported (torch alone maps ~3 GB, so RLIMIT_AS is set after the import).
+    ``timeout_s`` counts from the request, including the start of a new child (a torch import).
     """
     import torch
     path = Path(path)
@@ -112,34 +190,28 @@ def load_state_dict(path, expected: dict, memory_bytes: int = 1 << 30, timeout_s
     total = sum(_nbytes(*expected[k]) for k in order)
     scratch = Path(tempfile.mkdtemp(prefix="course-model-"))
     out = scratch / "tensors.bin"
-    request = {"src": str(path), "dst": str(out), "memory_bytes": int(memory_bytes),
+    request = {"src": str(path), "dst": str(out),
                "expected": [[k, list(expected[k][0]), str(expected[k][1]).removeprefix("torch.")] for k in order]}
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     try:
         try:
-            # -I: the script's folder (assessment/, with modules named like stdlib ones) is not on sys.path.
-            child = subprocess.run([sys.executable, "-I", str(Path(__file__).resolve())], input=json.dumps(request),
-                                   capture_output=True, text=True, timeout=timeout_s, env=env)
-        except subprocess.TimeoutExpired:
+            code, line, tail = _loader(memory_bytes).ask(request, timeout_s)
+        except TimeoutError:
             raise ModelFileError(f"reading the model file took longer than {timeout_s:g} s and was stopped. "
                                  f"{_SAVE}") from None
-        lines = child.stdout.strip().splitlines()
         try:
-            answer = json.loads(lines[-1]) if lines else {}
+            answer = json.loads(line) if line.strip() else {}
         except ValueError:
             answer = None
         answer = answer if isinstance(answer, dict) else {}
-        if child.returncode < 0:
-            name = signal.Signals(-child.returncode).name if -child.returncode in signal.valid_signals() else "?"
+        if code is not None and code < 0:
+            name = signal.Signals(-code).name if -code in signal.valid_signals() else "?"
             why = (f"killed (likely over the memory limit of {memory_bytes >> 20} MiB)"
-                   if child.returncode == -signal.SIGKILL else f"crashed ({name})")
+                   if code == -signal.SIGKILL else f"crashed ({name})")
             raise ModelFileError(f"loading the model file was {why}. {_SAVE}")
         if "error" in answer:
             raise ModelFileError(str(answer["error"]))
-        if child.returncode or not answer.get("ok"):
-            tail = child.stderr.strip().splitlines()[-1:] or ["no message"]
-            raise ModelFileError(f"loading the model file failed (exit status {child.returncode}: {tail[0][:200]}). "
-                                 f"{_SAVE}")
+        if code or not answer.get("ok"):
+            raise ModelFileError(f"loading the model file failed (exit status {code}: {tail[:200]}). {_SAVE}")
         written = out.stat().st_size if out.exists() else 0
         if written != total:  # checked before reading: the grader reads no more than the model's size
             raise ModelFileError(f"the model file could not be checked (the loader wrote {written} bytes, not "
@@ -260,20 +332,26 @@ def cap_address_space(extra_bytes: int) -> None:
 
 
 def _child() -> None:
-    request = json.loads(sys.stdin.read())
+    """Answer one JSON line per request line on stdin, until stdin ends."""
+    import gc
+
     import torch
     torch.set_num_threads(1)
-    cap_address_space(request["memory_bytes"])
-    expected = {k: (tuple(shape), getattr(torch, dtype)) for k, shape, dtype in request["expected"]}
-    state, why = load_and_check(request["src"], expected)
-    if state is not None:
-        try:
-            with open(request["dst"], "wb") as f:
-                for key in expected:
-                    f.write(state[key].detach().contiguous().reshape(-1).view(torch.uint8).numpy())  # no copy
-        except Exception as error:
-            why = _why_unreadable(error)
-    print(json.dumps({"error": why} if why else {"ok": True}), flush=True)
+    cap_address_space(int(sys.argv[1]))
+    for line in sys.stdin:
+        request = json.loads(line)
+        expected = {k: (tuple(shape), getattr(torch, dtype)) for k, shape, dtype in request["expected"]}
+        state, why = load_and_check(request["src"], expected)
+        if state is not None:
+            try:
+                with open(request["dst"], "wb") as f:
+                    for key in expected:
+                        f.write(state[key].detach().contiguous().reshape(-1).view(torch.uint8).numpy())  # no copy
+            except Exception as error:
+                why = _why_unreadable(error)
+        del state
+        gc.collect()   # the next file gets the whole allowance again
+        print(json.dumps({"error": why} if why else {"ok": True}), flush=True)
 
 
 if __name__ == "__main__":

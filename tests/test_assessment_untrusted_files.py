@@ -11,7 +11,6 @@ import json
 import os
 import resource
 import struct
-import subprocess
 import threading
 import zipfile
 import zlib
@@ -252,8 +251,27 @@ def loaded(tmp_path_factory):
         except Exception as error:  # kept, not raised: the tests check its type
             return error
 
-    with ThreadPoolExecutor(2) as pool:  # also shows that concurrent loads (grade --jobs 2) keep apart
+    # A thread each, at once: concurrent loads keep apart, and each thread's loader is a new child, so "slow"
+    # pays a torch import (seconds) against its 0.2 s limit whatever ran before it.
+    with ThreadPoolExecutor(len(runs)) as pool:
         return dict(zip(runs, pool.map(run, runs)))
+
+
+def test_one_loader_serves_file_after_file_and_a_refusal_does_not_end_it(tmp_path):
+    """The grader loads up to 8 checkpoints per submission: one child imports torch once for all of them."""
+    torch.save(cnn_state(), tmp_path / "good.pt")
+    torch.save({"w": torch.zeros(8 << 20)}, tmp_path / "big.pt")
+    first = load_state_dict(tmp_path / "good.pt", EXPECTED)
+    loader = model_file._loaders.loader
+    with pytest.raises(ModelFileError, match="needs more memory"):
+        load_state_dict(tmp_path / "big.pt", {"w": ((8 << 20,), torch.float32)}, memory_bytes=8 << 20)
+    again = load_state_dict(tmp_path / "good.pt", EXPECTED)
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    with pytest.raises(ModelFileError, match="took longer than 0.001 s"):
+        load_state_dict(tmp_path / "good.pt", EXPECTED, timeout_s=0.001)
+    assert not model_file._loaders.loader.alive(), "a loader that timed out is ended"
+    load_state_dict(tmp_path / "good.pt", EXPECTED)   # and the next file gets a fresh one
+    assert model_file._loaders.loader.alive() and model_file._loaders.loader is not loader
 
 
 def test_a_correct_state_dict_comes_back_equal_as_plain_tensors(loaded):
@@ -278,21 +296,28 @@ def test_the_child_refuses_with_its_own_message(loaded, name, words):
 def test_a_crashed_or_failing_child_is_a_model_file_error(tmp_path, monkeypatch):
     torch.save(cnn_state(), tmp_path / "good.pt")
 
-    def answer(returncode, stdout="", stderr=""):
-        done = subprocess.CompletedProcess([], returncode, stdout, stderr)
-        monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: done)
+    def answer(returncode, stdout="", stderr="no message"):   # what the loader's child gave back
+        monkeypatch.setattr(model_file._Loader, "ask", lambda self, request, timeout_s: (returncode, stdout, stderr))
         return refused(tmp_path / "good.pt")
 
     assert "was killed (likely over the memory limit of 1024 MiB)" in answer(-9)
     assert "crashed (SIGSEGV)" in answer(-11)
     assert "exit status 1: Fatal Python error" in answer(1, "", "Fatal Python error: Aborted")
     size = sum(v.numel() * v.element_size() for v in cnn_state().values())
-    assert f"loader wrote 0 bytes, not {size}" in answer(0, '{"ok": true}')  # it said ok but wrote nothing
+    assert f"loader wrote 0 bytes, not {size}" in answer(None, '{"ok": true}\n')  # it said ok but wrote nothing
 
     def fail(*args, **kwargs):
         raise OSError(24, "Too many open files")
-    monkeypatch.setattr(subprocess, "run", fail)
+    monkeypatch.setattr(model_file, "_loader", fail)
     assert "could not be checked (OSError" in refused(tmp_path / "good.pt")
+
+
+def test_a_child_that_really_dies_is_named_and_replaced(tmp_path):
+    torch.save(cnn_state(), tmp_path / "good.pt")
+    load_state_dict(tmp_path / "good.pt", EXPECTED)
+    model_file._loaders.loader.proc.kill()   # as the kernel's OOM killer would, between two files
+    model_file._loaders.loader.proc.wait()
+    assert set(load_state_dict(tmp_path / "good.pt", EXPECTED)) == set(EXPECTED)   # a new child took over
 
 
 # ---- the notebook: strict reading before nbformat ----
