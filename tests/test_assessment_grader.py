@@ -74,6 +74,8 @@ def tampered():
 
 # A per-rank batch written for 2 processes: right on 2, wrong on 3 (the issue's "right at 2, wrong at 3").
 WRONG_AT_THREE = [("batch_size=args.global_batch // world_size", "batch_size=args.global_batch // 2")]
+# The escaper keeps the failure and refusal criteria: wrong on 3 processes, its checkpoints sparse.
+ESCAPER_POINTS = CRITERIA["failure"][0] + CRITERIA["refusal"][0]
 
 CHEATER = """
 # Reports success without earning it, and tries to reach what it must not.
@@ -226,15 +228,15 @@ def batch() -> dict:
     other = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('another course')")])
     return {
         "b_learner": learner,
-        "c_wrong_at_three": script_with(*WRONG_AT_THREE),
         "d_invalid_json": '{"cells": [ this is not json',
         "e_other_course": other,
         # the script ends every process at once, before any training
         "h_exits": script_with(('    args = parse_args()\n', '    os._exit(3)\n')),
         "i_cheater": script_plus(CHEATER),
         # every way out of the sandbox (the instructor edition looked for everywhere), a process left behind, a
-        # flood of output, a full disk and files planted to break the grader, in one script
-        "k_escaper": script_plus(LEAVER_FLOODER, base=script_plus(ESCAPER)),
+        # flood of output, a full disk and files planted to break the grader, in one script; and a job right on 2
+        # processes but wrong on 3 (each submission that runs costs the batch about 2 minutes of both cores)
+        "k_escaper": script_plus(LEAVER_FLOODER, base=script_plus(ESCAPER, base=script_with(*WRONG_AT_THREE))),
         "p_slow_to_judge": script_plus(SLOW_TO_JUDGE),
         # Files that once ended the whole batch: wrong JSON types, deep nesting, a huge number; and
         # names a spreadsheet would run as formulas.
@@ -336,11 +338,12 @@ def test_the_learner_edition_scores_zero_and_says_why(graded):
 
 
 def test_a_job_right_on_two_processes_but_wrong_on_three_loses_the_job_criterion_only(graded):
+    """The escaper's per-rank batch is written for 2 processes: the job criterion goes, the failure and refusal
+    criteria stay (its sparse checkpoints cost it the target and speed; the escaper test checks those)."""
     table, feedback, *_ = graded
-    row = table["c_wrong_at_three"]
-    assert (int(row["job"]), int(row["failure"]), int(row["refusal"]), int(row["target"]), int(row["speed"])) == (0, 2, 1, 4, 2), \
-        feedback["c_wrong_at_three"]
-    assert "3 processes" in feedback["c_wrong_at_three"] and "in batches of" in feedback["c_wrong_at_three"]
+    row, text = table["k_escaper"], feedback["k_escaper"]
+    assert (int(row["job"]), int(row["failure"]), int(row["refusal"])) == (0, 2, 1), text
+    assert "3 processes" in text and "in batches of" in text
 
 
 @pytest.mark.parametrize("name, words", [("d_invalid_json", "not valid JSON"),
@@ -387,7 +390,7 @@ def test_no_way_out_of_the_sandbox_works_and_the_attacks_cost_only_the_attacker(
     assert "ESCAPED" not in outputs, [line for line in outputs.split("\\n") if "ESCAPED" in line][:5]
     assert executed.stat().st_size < 4 << 20, "display updates went past the output cap"
     row = table["k_escaper"]
-    assert total(row) == FULL - CRITERIA["target"][0] - CRITERIA["speed"][0], feedback["k_escaper"]
+    assert total(row) == ESCAPER_POINTS, feedback["k_escaper"]
     assert "sparse" in feedback["k_escaper"]
     assert not list(sandbox.Path(sys.prefix).glob("lib/python*/site-packages/course-evil.pth"))
     assert total(table["z_after_the_attacks"]) == FULL, feedback["z_after_the_attacks"]
@@ -412,12 +415,12 @@ def test_planted_files_and_unprintable_output_break_nothing(graded):
     table, feedback, *_ = graded
     text = feedback["k_escaper"]
     assert "\x1b" not in text and "\ud800" not in text
-    assert total(table["k_escaper"]) == FULL - CRITERIA["target"][0] - CRITERIA["speed"][0], text
+    assert total(table["k_escaper"]) == ESCAPER_POINTS, text
 
 
 def test_left_processes_a_flood_of_output_and_a_full_disk_do_not_reach_the_grader(graded):
     table, feedback, out, _ = graded
-    assert total(table["k_escaper"]) == FULL - CRITERIA["target"][0] - CRITERIA["speed"][0], feedback["k_escaper"]   # sparse
+    assert total(table["k_escaper"]) == ESCAPER_POINTS, feedback["k_escaper"]   # sparse
     assert leftovers() == []
     assert (out / "executed" / "k_escaper.ipynb").stat().st_size < 8 << 20
 

@@ -227,12 +227,15 @@ class JobCheck:
         return result.code, result.output, records
 
     def dataset(self):
-        """The tiny problem's images, as the script loads them."""
+        """The tiny problem's images, as the script loads them (rendered once per check: about a second each)."""
         from utils import data
 
+        if getattr(self, "_dataset", None) is not None:
+            return self._dataset
         options = {"difficulty": self.job["difficulty"]} if "difficulty" in self.job else {}
-        return data.load(self.job.get("dataset", "shapes"), train_size=self.job["train_size"],
-                         test_size=self.job["test_size"], **options)
+        self._dataset = data.load(self.job.get("dataset", "shapes"), train_size=self.job["train_size"],
+                                  test_size=self.job["test_size"], **options)
+        return self._dataset
 
     def reference_run(self, world_size: int, *, set_epoch: bool = True, dataset=None, epochs=None,
                       steps: list | None = None, drop_last: bool = False) -> dict:
