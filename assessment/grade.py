@@ -225,7 +225,8 @@ def _grade(path: Path, out: Path, options: argparse.Namespace, grade: Grade) -> 
         grade.ran = judged["ran"]
         grade.notes = ([judged["run_problem"]] if judged["run_problem"] else []) + grade.notes + judged["notes"] + [
             f"the run that counts ran at seed {counted}, " + ("drawn for this submission" if given is None else
-                                                              "given with --counted-seed")]
+                                                              "given with --counted-seed"),
+            f"the checks of your script on the tiny problem ran at seed {seed}, drawn for this submission"]
         for name, reason in judged["verdicts"].items():
             grade.points[name] = criteria[name][0] if reason is None else 0
             if reason:
