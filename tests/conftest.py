@@ -53,18 +53,23 @@ def pytest_runtest_logreport(report):
 
 
 def _write_durations(exitstatus) -> None:
-    """The run's 20 slowest tests, with the machine and its load, for a maintainer trimming the suite (every run
-    rewrites it; MAINTAINING.md says how to read it)."""
+    """The run's 20 slowest tests and every test file's total, with the machine and its load, for a maintainer
+    trimming the suite (every run rewrites it; MAINTAINING.md says how to read it)."""
     import json
     import time
 
     slowest = sorted(_SECONDS.items(), key=lambda item: -item[1])[:20]
+    by_file: dict = {}
+    for name, seconds in _SECONDS.items():
+        by_file[name.split("::")[0]] = by_file.get(name.split("::")[0], 0.0) + seconds
     DURATIONS.parent.mkdir(parents=True, exist_ok=True)
     DURATIONS.write_text(json.dumps({
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "exit_status": int(exitstatus), "tests": len(_SECONDS),
         "total_s": round(sum(_SECONDS.values()), 1), "cores": os.cpu_count(),
         "load_average": [round(v, 2) for v in os.getloadavg()], "ci": os.environ.get("CI") == "true",
-        "slowest_s": [[name, round(seconds, 1)] for name, seconds in slowest]}, indent=1) + "\n")
+        "slowest_s": [[name, round(seconds, 1)] for name, seconds in slowest],
+        "files_s": [[name, round(seconds, 1)] for name, seconds in sorted(by_file.items(), key=lambda item: -item[1])]},
+        indent=1) + "\n")
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -121,6 +121,14 @@ def test_a_right_job_written_otherwise_passes(tmp_path):
          "            os.replace(os.path.join(args.out, 'partial.pt'), os.path.join(args.out, settings.checkpoint_name(epoch + 1)))")))
 
 
+def test_the_solution_passes_at_a_seed_where_rounding_flips_a_decision(tmp_path):
+    """At this seed (found after a grader run of the solution lost the job criterion) a reference that averaged the
+    3 ranks' losses in one backward ended 8.9e-4 from the real job, past WEIGHT_TOLERANCE: 1/3 is not exact, and
+    the rounding flipped a max-pooling or ReLU decision. Averaged as DDP does (each rank's gradient divided by the
+    world size, then summed) it agrees to 3e-8. About 1 seed in 100 of the tiny job is like this."""
+    job.job_check(seed=1535814214).check_training(script_with(tmp_path))
+
+
 def test_a_teardown_registered_with_atexit_tears_down_when_a_rank_fails(tmp_path):
     """An outside review: the probe wrote its record before atexit ran, and a right teardown was refused."""
     script = script_with(tmp_path, (TEARDOWN, "    import atexit\n    atexit.register(dist.destroy_process_group)\n"

@@ -44,3 +44,4 @@ def test_every_run_writes_its_slowest_tests_where_a_maintainer_looks(tmp_path):
     names = [name for name, _ in written["slowest_s"]]
     assert names == [f"tests/{probe.name}::test_sleeps", f"tests/{probe.name}::test_quick"], names
     assert written["slowest_s"][0][1] >= 0.3 and written["total_s"] >= 0.3
+    assert [name for name, _ in written["files_s"]] == [f"tests/{probe.name}"] and written["files_s"][0][1] >= 0.3
