@@ -28,6 +28,7 @@ import csv
 import functools
 import os
 import re
+import resource
 import secrets
 import shutil
 import sys
@@ -477,8 +478,11 @@ def main(argv=None) -> int:
     ordered = [grades[p] for p in paths]
     table = write_outputs(ordered, options.out)
     failed = sum(not g.ran for g in ordered)
+    # The grader's own peak memory (its children, the sandboxes and judging, have limits of their own): it holds
+    # the rows and the threads, never torch or a submission's files, so a batch of any size stays small.
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     print(f"graded {len(ordered)}: {len(ordered) - failed} ran to the end, {failed} failed to run; "
-          f"{time.monotonic() - start:.0f} s; {table}", file=sys.stderr)
+          f"{time.monotonic() - start:.0f} s; grader's peak memory {peak_mib} MiB; {table}", file=sys.stderr)
     ungraded = [g.name for g in ordered if g.failed]
     if ungraded:
         print(f"grader: could not grade {len(ungraded)} submission(s), scored 0 with the reason in grades.csv: "

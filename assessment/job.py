@@ -21,10 +21,16 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from assessment import supervised
 from utils.checks import Incorrect, NotSolved
-from utils.checks.job_check import REPLAYED_OPTIMIZER, JobCheck
+
+if TYPE_CHECKING:
+    from utils.checks.job_check import JobCheck
+
+# torch (through utils.checks.job_check) is imported only where a check runs or judges: the grader's own process,
+# which imports this module for the scenarios' names and files, never loads it (about 500 MB and 5 s less).
 
 # No module-level import of assessment.settings: it reads COURSE_QUICK when first imported, and the grader
 # imports this module before it sets that from its --quick option.
@@ -45,6 +51,7 @@ MAX_OUTPUT = 200_000   # characters kept of a run's output (its end), before any
 
 def job_check(seed: int) -> JobCheck:
     """The check of exercise A.1 on the tiny problem, its sampler and model seeded with ``seed``."""
+    from utils.checks.job_check import REPLAYED_OPTIMIZER, JobCheck
     job = {"epochs": JOB_EPOCHS, "global_batch": 12, "train_size": 100, "test_size": 60, "dropout": 0.5,
            "seed": seed, "difficulty": "standard"}
     return JobCheck("A.1", job, saved=SAVED, nodes=SCENARIOS["three"][0], refused_batch=REFUSED_BATCH,
@@ -168,6 +175,8 @@ def judge_counted_run(folder: Path, seed: int, checkpoints: Path, load_state=Non
     (``judge_provenance``) whether the checkpoints in the folder ``checkpoints`` (``load_state(path)`` reads one,
     or returns None; default: ``torch.load``, for the notebook's own run) come from that training. Its checkpoints count only then: a script that trains
     one way under the check and another in this run gets nothing for the second."""
+    from utils.checks.job_check import REPLAYED_OPTIMIZER, JobCheck
+
     from . import settings
     check = JobCheck("the run that counts", settings.counted_run(seed), saved=settings.checkpoint_name(settings.EPOCHS),
                      optimizer=REPLAYED_OPTIMIZER, checkpoint_every_epoch=True)

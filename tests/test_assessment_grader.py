@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -321,6 +322,24 @@ def test_the_csv_has_a_row_per_submission_and_the_columns_instructors_need(grade
     assert len(feedback) == len(table), "two submissions' feedback went to one file"
     assert f"graded {len(batch())}:" in done.stderr and "failed to run" in done.stderr
     assert "isolation: bwrap" in done.stderr and "whole-submission caps" in done.stderr
+
+
+def test_the_graders_own_process_stays_small(graded):
+    """Issue: 1.43 GB for a batch of 38 when the grader's process imported torch. Its children (sandboxes, judging)
+    have limits of their own; the grader holds rows and threads, so its peak must not grow with the batch."""
+    *_, done = graded
+    peak = re.search(r"grader's peak memory (\d+) MiB", done.stderr)
+    assert peak, done.stderr[-2000:]
+    assert int(peak.group(1)) < 256, f"the grader's own process peaked at {peak.group(1)} MiB for {len(batch())} submissions"
+
+
+def test_the_grader_never_imports_torch_in_its_own_process():
+    """What the grader reads of the course (settings, the job's scenarios, the release) must not load torch (about
+    500 MB, 5 s): only the judging child and the sandboxes import it."""
+    code = ("import sys\nfrom assessment import grade, job, judging, sandbox\nfrom utils import release\n"
+            "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stderr[-2000:]
 
 
 def test_the_instructor_edition_scores_full_marks(graded):

@@ -17,9 +17,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
+# torch is imported by the functions that need it: the grader's own process reads COURSE_ROOT and the
+# settings here and never loads torch (about 500 MB).
 COURSE_ROOT = Path(__file__).resolve().parent.parent
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -76,6 +80,8 @@ def dataset_name(default: str = "mnist1d") -> str:
 
 
 def _mps_available() -> bool:
+    import torch
+
     mps = getattr(torch.backends, "mps", None)
     return bool(mps and mps.is_available())
 
@@ -86,6 +92,8 @@ def get_device(name: str | None = None) -> torch.device:
     ``auto`` prefers cuda, then mps (Apple GPUs), then cpu. Asking for a device this
     machine does not have raises a ValueError that says what to use instead.
     """
+    import torch
+
     name = (name or os.environ.get("COURSE_DEVICE") or "auto").strip().lower()
     if name == "auto":
         if torch.cuda.is_available():
@@ -114,6 +122,8 @@ def get_device(name: str | None = None) -> torch.device:
 
 def describe_device(device: torch.device) -> str:
     """A one-line description of ``device`` for printing next to a measurement."""
+    import torch
+
     device = torch.device(device)
     if device.type == "cuda":
         return f"{device} ({torch.cuda.get_device_name(device)})"
