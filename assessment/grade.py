@@ -480,7 +480,8 @@ def main(argv=None) -> int:
     failed = sum(not g.ran for g in ordered)
     # The grader's own peak memory (its children, the sandboxes and judging, have limits of their own): it holds
     # the rows and the threads, never torch or a submission's files, so a batch of any size stays small.
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss   # KiB on Linux, bytes on macOS
+    peak_mib = peak >> (20 if sys.platform == "darwin" else 10)
     print(f"graded {len(ordered)}: {len(ordered) - failed} ran to the end, {failed} failed to run; "
           f"{time.monotonic() - start:.0f} s; grader's peak memory {peak_mib} MiB; {table}", file=sys.stderr)
     ungraded = [g.name for g in ordered if g.failed]

@@ -124,7 +124,7 @@ def test_a_right_job_written_otherwise_passes(tmp_path):
 def test_the_solution_passes_at_a_seed_where_rounding_flips_a_decision(tmp_path):
     """At this seed (found after a grader run of the solution lost the job criterion) a reference that averaged the
     3 ranks' losses in one backward ended 8.9e-4 from the real job, past WEIGHT_TOLERANCE: 1/3 is not exact, and
-    the rounding flipped a max-pooling or ReLU decision. Averaged as DDP does (each rank's gradient divided by the
+    the rounding flipped a max-pooling or ReLU decision. Averaged as DDP does (each rank's gradient scaled by 1 /
     world size, then summed) it agrees to 3e-8. About 1 seed in 100 of the tiny job is like this."""
     job.job_check(seed=1535814214).check_training(script_with(tmp_path))
 

@@ -63,19 +63,19 @@ SIMULATED_HOST = "127.0.0.2" if sys.platform.startswith("linux") else "127.0.0.1
 
 def _average_as_ddp(rank_losses: list, parameters: list) -> None:
     """Set each parameter's gradient to the ranks' average the way DDP computes it: each rank's gradient of its
-    own mean loss, divided by the world size, then summed (the Reducer divides every bucket by the process
-    group's size before its all-reduce; torch's allreduce_hook does the same). Another order of the same
-    arithmetic, e.g. one backward through the mean of the ranks' means, differs by rounding on 3 ranks (1/3 is
-    not exact), and at about 1 seed in 100 of the tiny job a max-pooling or ReLU decision flipped by that
+    own mean loss, scaled by 1 / world size, then summed (DDP's Reducer multiplies each gradient by 1 / the
+    process group's size as it copies it into its bucket, before the all-reduce sums the buckets). Another order
+    of the same arithmetic, e.g. one backward through the mean of the ranks' means, differs by rounding on 3 ranks
+    (1/3 is not exact), and at about 1 seed in 100 of the tiny job a max-pooling or ReLU decision flipped by that
     rounding moved the final weights by up to 9e-4; in DDP's order the real 3-process job agreed to 3e-8. The
     all-reduce may add the three terms in another order (a ring starts each chunk at another rank): over 300
     seeds, the two orders' final weights differed by at most 1.7e-5, inside WEIGHT_TOLERANCE."""
-    world_size = len(rank_losses)
+    scale = 1.0 / len(rank_losses)
     grads = [torch.autograd.grad(losses.mean(), parameters) for losses in rank_losses]
     for i, parameter in enumerate(parameters):
-        total = grads[0][i] / world_size
+        total = grads[0][i] * scale
         for rank_grads in grads[1:]:
-            total = total + rank_grads[i] / world_size
+            total = total + rank_grads[i] * scale
         parameter.grad = total
 
 
