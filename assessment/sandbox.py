@@ -36,6 +36,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -378,7 +379,8 @@ def run(command: list[str], workdir: Path, keep: list[str], outdir: Path, limits
             except (OSError, subprocess.SubprocessError) as error:
                 return Result(None, False, time.monotonic() - start, mode,
                               f"the sandbox could not start: {type(error).__name__}: {error}", caps)
-            stdout, stderr = _Capped(process.stdout, cap), _Capped(process.stderr, 64 << 10)
+            spool = tempfile.TemporaryFile(prefix="course-sandbox-out-")   # private to the grader
+            stdout, stderr = _Capped(process.stdout, cap, spool), _Capped(process.stderr, 64 << 10)
             timed_out = _wait(process, limits.wall_s)
             stdout.join(), stderr.join()
     finally:
@@ -389,7 +391,8 @@ def run(command: list[str], workdir: Path, keep: list[str], outdir: Path, limits
         cgroups.close()
     returncode = None if timed_out else process.returncode
     failure = ""
-    found = _unframe(stdout.data, keep, outdir, limits.file_bytes)
+    with spool:
+        found = _unframe(spool, keep, outdir, limits.file_bytes)
     if not timed_out and not found and stderr.data.startswith(b"bwrap:"):
         failure = f"bwrap could not start the sandbox: {printable(stderr.data.decode(errors='replace'))[:300]}"
     return Result(returncode, timed_out, time.monotonic() - start, mode, failure, caps)
@@ -403,35 +406,51 @@ def printable(text: str) -> str:
 
 
 class _Capped(threading.Thread):
-    """Reads a pipe to its end, keeping at most ``cap`` bytes (the rest is read and dropped)."""
+    """Reads a pipe to its end, keeping at most ``cap`` bytes (the rest is read and dropped) in ``into``: a
+    temporary file for the kept files' stream (up to ``Limits.kept_bytes`` per sandbox, which the grader must not
+    hold in memory: 2 sandboxes at a time held 574 MiB), else memory."""
 
-    def __init__(self, pipe, cap: int):
+    def __init__(self, pipe, cap: int, into=None):
         super().__init__(daemon=True)
-        self.pipe, self.cap, self.data = pipe, cap, b""
+        self.pipe, self.cap = pipe, cap
+        self.into = io.BytesIO() if into is None else into
         self.start()
 
     def run(self):
-        kept = io.BytesIO()
+        kept = 0
         while chunk := self.pipe.read(1 << 16):
-            room = self.cap - kept.tell()
+            room = self.cap - kept
             if room > 0:
-                kept.write(chunk[:room])
-        self.data = kept.getvalue()
+                self.into.write(chunk[:room])
+                kept += min(room, len(chunk))
+
+    @property
+    def data(self) -> bytes:
+        """What was kept in memory (a stream read into a file is read from that file)."""
+        return self.into.getvalue()
 
 
-def _unframe(data: bytes, keep: list[str], outdir: Path, cap: int) -> bool:
-    """Write the kept files the supervisor framed (see ``_SUPERVISOR``); False when the stream does not start
-    with its marker. Parsed from the first byte, with every length checked: no pattern, no tar parser."""
-    if not data.startswith(_MARK):
+def _unframe(stream, keep: list[str], outdir: Path, cap: int) -> bool:
+    """Write the kept files the supervisor framed (see ``_SUPERVISOR``) from the binary file ``stream``; False
+    when it does not start with its marker. Parsed from the first byte, with every length checked: no pattern, no
+    tar parser; copied in chunks, never held whole."""
+    total = stream.seek(0, os.SEEK_END)
+    stream.seek(0)
+    if stream.read(len(_MARK)) != _MARK:
         return False
     at, seen = len(_MARK), set()
-    while at + 10 <= len(data):
-        index, size = int.from_bytes(data[at:at + 2], "big"), int.from_bytes(data[at + 2:at + 10], "big")
+    while at + 10 <= total:
+        header = stream.read(10)
+        index, size = int.from_bytes(header[:2], "big"), int.from_bytes(header[2:], "big")
         at += 10
-        if index >= len(keep) or index in seen or size > cap or at + size > len(data):
+        if index >= len(keep) or index in seen or size > cap or at + size > total:
             break   # the stream was cut by the grader's cap, or is not the supervisor's: keep what came before
         seen.add(index)
-        (outdir / Path(keep[index]).name).write_bytes(data[at:at + size])
+        with open(outdir / Path(keep[index]).name, "wb") as out:
+            left = size
+            while left and (chunk := stream.read(min(left, 1 << 20))):
+                out.write(chunk)
+                left -= len(chunk)
         at += size
     return True
 
