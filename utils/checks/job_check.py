@@ -290,6 +290,7 @@ class JobCheck:
         else:
             optimizer = torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=0.9)
         dropout = SimulatedGPUs({"eval_in_train_mode": 0}, 1, simulate=False)   # the probe's seeded masks
+        parameters = list(model.parameters())
         history, step = [], 0
         for epoch in (epochs if epochs is not None else range(job["epochs"])):
             batches = _rank_batches(len(dataset.x_train), world_size, per_rank, epoch if set_epoch else None, job["seed"])
@@ -308,7 +309,7 @@ class JobCheck:
                     parts.append(F.cross_entropy(logits, dataset.y_train[index], reduction="none"))
                 stepper = replay if self.optimizer == REPLAYED_OPTIMIZER else optimizer
                 stepper.zero_grad()
-                _average_as_ddp(parts, list(model.parameters()))
+                _average_as_ddp(parts, parameters)
                 stepper.step()
                 losses = torch.cat(parts)
                 total, count = total + losses.sum().item(), count + len(losses)
