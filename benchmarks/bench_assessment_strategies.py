@@ -270,6 +270,7 @@ def main(argv=None) -> None:
     parser.add_argument("--quick", action="store_true", help="a few hundred images: checks the code, not the design")
     parser.add_argument("--seeds", type=int, help="seeds per strategy (full: 3)")
     parser.add_argument("--epochs", type=int)
+    parser.add_argument("--scale", type=int, help="the global batch over the baseline's (full: 16)")
     parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed, first-seed + 1, ... (default 0)")
     parser.add_argument("--baseline-seeds", type=int, help="seeds of the batch-32 baseline (full: 1; 0: none)")
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), metavar="NAME",
@@ -284,7 +285,7 @@ def main(argv=None) -> None:
         print(table(json.loads(Path(args.table).read_text())))
         return
     options = dict(QUICK if args.quick else FULL)
-    for name in ("seeds", "epochs", "baseline_seeds"):
+    for name in ("seeds", "epochs", "baseline_seeds", "scale"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
     path = args.json or (None if args.quick else str(RESULTS))

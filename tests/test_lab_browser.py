@@ -63,14 +63,17 @@ def _run_and_wait(page, cell, timeout_s: float = 180) -> None:
 
     JupyterLab may still be swapping kernels when the page first says idle (it sometimes starts two
     for one notebook and shuts one down): a run request that never reached a kernel leaves the
-    prompt at [ ], and is sent again."""
+    prompt at [ ], and is sent again after a minute, and only while the kernel is idle. On a loaded
+    machine a request can wait more than 15 s before the page shows [*] for it; sending it again then
+    ran the set-up cell twice ("already running")."""
     prompt = cell.locator(".jp-InputPrompt")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         prompt.click()
         page.keyboard.press("Shift+Enter")
-        resend = time.monotonic() + 15
-        while time.monotonic() < min(deadline, resend) or prompt.inner_text().strip() == "[*]:":
+        resend = time.monotonic() + 60
+        while (time.monotonic() < min(deadline, resend) or prompt.inner_text().strip() == "[*]:"
+               or not page.locator(IDLE).count()):
             if re.fullmatch(r"\[\d+\]:", prompt.inner_text().strip()):
                 return
             if time.monotonic() > deadline:
