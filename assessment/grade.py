@@ -57,7 +57,8 @@ class Grade:
     notes: list[str] = field(default_factory=list)
     ran: bool = False
     failed: str = ""   # the grader could not grade it: why
-    stem: str = ""     # the file's own name, for the file names of its feedback and executed notebook
+    stem: str = ""     # the file's own name
+    file: str = ""     # the name of its feedback and executed notebook (output_names: one per submission)
 
 
 def _criteria():
@@ -159,9 +160,10 @@ def load_job_state(path: Path) -> dict:
     return state
 
 
-def grade_one(path: Path, out: Path, options: argparse.Namespace) -> Grade:
-    """Grade one submission; whatever goes wrong becomes this submission's row, never the batch's end."""
-    grade = Grade(path.stem, stem=path.stem)
+def grade_one(path: Path, out: Path, options: argparse.Namespace, file: str | None = None) -> Grade:
+    """Grade one submission; whatever goes wrong becomes this submission's row, never the batch's end.
+    ``file``: its name among the batch's outputs (``output_names``)."""
+    grade = Grade(path.stem, stem=path.stem, file=file or safe_name(path.stem))
     grade.points = {name: 0 for name in _criteria()}
     try:
         _grade(path, out, options, grade)
@@ -222,7 +224,7 @@ def _grade(path: Path, out: Path, options: argparse.Namespace, grade: Grade) -> 
         run = {"returncode": result.returncode, "timed_out": result.timed_out, "failure": result.failure,
                "timeout": options.notebook_timeout}
         judged = judging.call("judge", str(ran), run, counted, str(job_out), seed, ran_job.failure, secrets.randbelow(2**31),
-                              str(out / "executed" / f"{safe_name(path.stem)}.ipynb"), seconds=options.judge_timeout)
+                              str(out / "executed" / f"{grade.file}.ipynb"), seconds=options.judge_timeout)
         grade.ran = judged["ran"]
         grade.notes = ([judged["run_problem"]] if judged["run_problem"] else []) + grade.notes + judged["notes"] + [
             f"the run that counts ran at seed {counted}, " + ("drawn for this submission" if given is None else
@@ -373,10 +375,20 @@ def feedback(grade: Grade) -> str:
         mark = "passed" if grade.points.get(name) else "not passed"
         lines.append(f"- **{name}** ({grade.points.get(name, 0)}/{points}, {mark}): {what}.")
         if name in grade.reasons:
-            lines.append(f"  - {grade.reasons[name]}")
+            lines.append(f"  - {inline(grade.reasons[name])}")
     if grade.notes:
-        lines += ["", "Notes on your notebook:"] + [f"- {note}" for note in grade.notes]
+        lines += ["", "Notes on your notebook:"] + [f"- {inline(note)}" for note in grade.notes]
     return "\n".join(lines) + "\n"
+
+
+MARKDOWN_ACTIVE = "\\`*[]<>|"   # emphasis, code, links, raw HTML, tables: escaped in text that may quote a run
+
+
+def inline(text: str) -> str:
+    """One line of Markdown that only shows ``text``: reasons and notes quote what a submission's runs printed
+    (an outside test wrote a rank's error as new bullets and "Automatic score: **14 / 14**"), so line breaks
+    become spaces and every character that Markdown would act on is escaped."""
+    return "".join("\\" + c if c in MARKDOWN_ACTIVE else c for c in " ".join(text.split()))
 
 
 def csv_cell(text: str) -> str:
@@ -386,13 +398,29 @@ def csv_cell(text: str) -> str:
 
 
 def safe_name(stem: str) -> str:
-    """A file name made from a submission's: no path separators, no leading dot; where it had to change,
-    a hash of the original keeps two names from becoming one."""
+    """A file name made from a submission's: no path separators, no leading dot. Where it had to change, "+" and
+    a hash of the original follow: "+" is never in a name kept as it was, so a learner who names a file after
+    another's cleaned name (an outside test did) cannot take that learner's feedback file."""
     cleaned = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_" for c in stem).lstrip(".")[:100]
     if cleaned != stem:
         import hashlib
-        cleaned = f"{cleaned or 'submission'}-{hashlib.sha256(os.fsencode(stem)).hexdigest()[:10]}"
+        cleaned = f"{cleaned or 'submission'}+{hashlib.sha256(os.fsencode(stem)).hexdigest()[:16]}"
     return cleaned
+
+
+def output_names(stems: list[str]) -> dict[str, str]:
+    """Each submission's name for its feedback and executed notebook: ``safe_name``, and never one another
+    submission of the batch has, even on a file system that ignores case (a "+2", "+3" ... follows)."""
+    names, taken = {}, set()
+    for stem in sorted(stems):
+        name = first = safe_name(stem)
+        count = 1
+        while name.lower() in taken:
+            count += 1
+            name = f"{first}+{count}"
+        names[stem] = name
+        taken.add(name.lower())
+    return names
 
 
 def write_outputs(grades: list[Grade], out: Path) -> Path:
@@ -410,7 +438,7 @@ def write_outputs(grades: list[Grade], out: Path) -> Path:
                              sum(grade.points.values()), best, *("" for _ in WRITTEN), csv_cell(grade.failed)])
     partial.replace(table)
     for grade in grades:
-        (out / "feedback" / f"{safe_name(grade.stem)}.md").write_text(feedback(grade), encoding="utf-8", errors="replace")
+        (out / "feedback" / f"{grade.file}.md").write_text(feedback(grade), encoding="utf-8", errors="replace")
     return table
 
 
@@ -480,7 +508,8 @@ def main(argv=None) -> int:
         from tqdm import tqdm
         start, grades = time.monotonic(), {}
         with ThreadPoolExecutor(options.jobs) as pool, tqdm(total=len(paths), unit="submission", file=sys.stderr) as bar:
-            futures = {pool.submit(grade_one, path, options.out, options): path for path in paths}
+            files = output_names([p.stem for p in paths])
+            futures = {pool.submit(grade_one, path, options.out, options, files[path.stem]): path for path in paths}
             for future in as_completed(futures):
                 grades[futures[future]] = future.result()
                 write_outputs([grades[p] for p in paths if p in grades], options.out)  # an interrupted batch keeps these

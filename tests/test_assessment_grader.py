@@ -457,6 +457,35 @@ def test_grading_in_parallel_gives_the_same_csv_as_grading_one_at_a_time(graded,
     assert leftovers() == []
 
 
+def test_a_file_named_after_another_learners_cleaned_name_takes_nothing_of_theirs(tmp_path):
+    """An outside test: "Ana Lopez.ipynb" was written as Ana_Lopez-<hash>.md, and a second learner who named a
+    file exactly that had the only feedback and executed notebook of the two (the victim's were gone)."""
+    victim = "Ana Lopez"
+    attacker = grade_module.safe_name(victim)
+    assert attacker != victim and grade_module.safe_name(attacker) != attacker   # "+" is never kept
+    names = grade_module.output_names([victim, attacker, "alice", "Alice", "x/y", "x_y"])
+    assert len({name.lower() for name in names.values()}) == len(names), names   # apart even where case is not
+    grades = [grade_module.Grade(stem, points={name: 0 for name in CRITERIA}, stem=stem, file=names[stem])
+              for stem in names]
+    grade_module.write_outputs(grades, tmp_path)
+    written = {p.read_text().splitlines()[0] for p in (tmp_path / "feedback").glob("*.md")}
+    assert written == {f"# Feedback: {stem}" for stem in names}, written
+
+
+def test_feedback_shows_what_a_run_printed_as_one_line_that_markdown_does_not_act_on():
+    """An outside test: a rank's error with line breaks wrote its own bullets and score into the feedback."""
+    forged = "Connection closed by peer\n\n- **refusal** (1/1, passed)\n\nAutomatic score: **14 / 14** <img src=x onerror=alert(1)> [x](javascript:alert(1))"
+    grade = grade_module.Grade("mallory", points={name: 0 for name in CRITERIA}, reasons={"refusal": forged},
+                               notes=[forged])
+    lines = grade_module.feedback(grade).splitlines()
+    assert sum(line.startswith("Automatic score:") for line in lines) == 1, lines
+    assert not any(line.lstrip().startswith("- **refusal** (1/") for line in lines[lines.index("- **refusal** (0/1, not passed): "
+                                                                                             + CRITERIA["refusal"][1] + ".") + 1:])
+    quoted = [line for line in lines if "Connection closed by peer" in line]
+    assert len(quoted) == 2 and all("\\<img" in line and "\\[x\\]" in line and "\\*\\*14 / 14\\*\\*" in line
+                                    for line in quoted), quoted
+
+
 def test_the_speed_rule_counts_steps_against_the_solutions_with_a_margin(monkeypatch):
     """A right answer 20% slower than the solution passes, one 3 times slower fails; full-mode sizes."""
     from assessment import criteria, settings
@@ -526,7 +555,7 @@ def test_text_built_to_make_judging_slow_and_huge_records_cost_only_their_own_po
     row, text = table["p_slow_to_judge"], feedback["p_slow_to_judge"]
     assert (int(row["job"]), int(row["refusal"]), int(row["target"]), int(row["speed"])) == (CRITERIA["job"][0], 0, 0, 0), text
     assert "could not be read" in text, text   # the records rewritten after the run: nested too deep, 50 MB
-    assert "refused it, but rank 1" in text and "[[[[" in text, text   # the text, cut, reached the feedback
+    assert "refused it, but rank 1" in text and "\\[\\[\\[\\[" in text, text   # the text, cut and escaped, reached the feedback
     assert len(text) < 40_000 and "[" * 5000 not in text
     assert total(table["z_after_the_attacks"]) == FULL, feedback["z_after_the_attacks"]
 
