@@ -7,6 +7,10 @@ evaluating the checkpoints of the run that counts on held-out images the grader 
 """
 import math
 
+# The speed rule's factor, here because the criteria's text states it (settings.py, which the grader may import only
+# after it has set the quick mode, gives the same value as settings.SPEED_FACTOR, and says how it was chosen).
+SPEED_FACTOR = 1.3
+
 CRITERIA = {
     # name: (points, what it checks)
     "job": (5, "your script, on 2 processes of one node and on 3 of two GPU nodes (simulated), gives each rank its "
@@ -19,7 +23,7 @@ CRITERIA = {
     "refusal": (1, "a global batch the processes cannot share equally is refused by every rank before training"),
     "target": (4, "two consecutive checkpoints of your run that counts reach the target accuracy on held-out images "
                   "made at grading time, and its last checkpoint stays at the floor or above"),
-    "speed": (2, "your run that counts holds the target within settings.SPEED_FACTOR times the optimizer steps the "
+    "speed": (2, f"your run that counts holds the target within {SPEED_FACTOR:g} times the optimizer steps the "
                  "course's solution needs (its median over the recorded seeds): how fast it trains, counted in steps, "
                  "so that the verdict is the same on any machine, idle or loaded, CPU or GPU"),
 }
@@ -61,6 +65,6 @@ def speed(first: int | None) -> tuple[bool, str]:
     size = dict(global_batch=settings.GLOBAL_BATCH, train_size=settings.TRAIN_SIZE, workers=settings.WORKERS)
     mine, reference = steps_to_target(first, **size), steps_to_target(settings.REFERENCE_EPOCHS - 1, **size)
     said = (f"your run held the target after {mine} optimizer steps (epoch {first + 1}); the course's solution needs "
-            f"{reference} (epoch {settings.REFERENCE_EPOCHS}, its median over the recorded seeds), and the limit is "
+            f"{reference} (epoch {settings.REFERENCE_EPOCHS}, {settings.REFERENCE_FROM}), and the limit is "
             f"{settings.SPEED_FACTOR:g}x that, {settings.SPEED_FACTOR * reference:.0f}")
     return mine <= settings.SPEED_FACTOR * reference, said

@@ -215,6 +215,31 @@ UNCHECKED = {   # a script that trains otherwise when the check's simulated GPUs
                                   "                                batch_size=args.global_batch // world_size, sampler=sampler)\n"
                                   "        for x, y in loader:"),
                                  "was not given the course's images in its sampler's order"),
+    # training the probe cannot see (an outside test): hidden updates inside the optimizer's step, where the weights
+    # may change, so the probe counted each recorded step once. A hook on the optimizer's own steps ...
+    "hidden steps in an optimizer hook": (("    optimizer, schedule = make_optimizer(ddp_model.parameters(), args.global_batch, len(loader), args.epochs)\n",
+                                           "    optimizer, schedule = make_optimizer(ddp_model.parameters(), args.global_batch, len(loader), args.epochs)\n"
+                                           "    if not os.environ.get('COURSE_PROBE_GPUS'):\n"
+                                           "        def hidden(opt, args, kwargs):\n"
+                                           "            with torch.no_grad():\n"
+                                           "                for p in model.parameters():\n"
+                                           "                    p.sub_(0.01 * p.grad)\n"
+                                           "        optimizer.register_step_post_hook(hidden)\n"),
+                                          "step hooks of the script's own"),
+    # ... and an optimizer class of the script's own, named as torch's SGD, whose step goes twice as far
+    "an optimizer class named like torch's": (("    optimizer, schedule = make_optimizer(ddp_model.parameters(), args.global_batch, len(loader), args.epochs)\n",
+                                               "    optimizer, schedule = make_optimizer(ddp_model.parameters(), args.global_batch, len(loader), args.epochs)\n"
+                                               "    if not os.environ.get('COURSE_PROBE_GPUS'):\n"
+                                               "        class SGD(torch.optim.Optimizer):\n"
+                                               "            @torch.no_grad()\n"
+                                               "            def step(self, closure=None):\n"
+                                               "                for group in self.param_groups:\n"
+                                               "                    for p in group['params']:\n"
+                                               "                        p.sub_(2 * group['lr'] * p.grad)\n"
+                                               "        SGD.__module__, SGD.__qualname__ = 'torch.optim.sgd', 'SGD'\n"
+                                               "        optimizer = SGD(ddp_model.parameters(), dict(optimizer.defaults, lr=optimizer.param_groups[0]['lr']))\n"
+                                               "        schedule = torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)\n"),
+                                              "is a class of the script's own"),
 }
 
 

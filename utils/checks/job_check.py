@@ -638,6 +638,10 @@ class JobCheck:
                    f"batches: one optimizer.step() per batch, after backward, on every rank.")
             if not steps:
                 continue
+            expect(not rec.get("tampered"),
+                   f"{self.label}: {_who(rec)}: {rec.get('tampered')}. Code of the script's own ran inside the optimizer's "
+                   f"steps, where the check cannot tell a step's update from another: step one optimizer from torch.optim "
+                   f"or utils.optim as it is, with no hooks on its steps.")
             classes = sorted({step["class"] for step in steps})
             expect(len(classes) == 1 and _optimizer_class(classes[0]) is not None,
                    f"{self.label}: {_who(rec)} stepped the optimizer(s) {classes}: use one optimizer from torch.optim "

@@ -17,6 +17,10 @@ So that a grader can tie what a run saved to the training it recorded, it also n
 model's weights when DDP wraps them (``initial``), for every ``torch.save`` the optimizer steps taken
 so far and digests of what was saved and of the DDP model's weights then (``saved``), and the sum of
 every training forward's input (``input_sums``: the images can be matched with the sampler's order).
+Between an optimizer step's start and its end the weights may change (that is the step), so the probe
+also notes (``tampered``) anything of the script's own that would run inside that window: an optimizer
+class only named like torch's, its step function or torch.optim's arithmetic replaced, or step hooks of
+the script's own (outside tests trained in hidden steps there and had them counted as one).
 The record goes to ``$COURSE_PROBE_DIR/rank<RANK>.json`` when the process exits (after the script's own exit
 handlers), however the script ends, unless the process is killed or ends with ``os._exit``; it says
 whether the rank's error was a lost peer (a communication error or a timeout) rather than its own.
@@ -359,6 +363,67 @@ def _store_address(store) -> str | None:
     return type(store).__name__
 
 
+def _optimizers_as_given() -> tuple[dict, dict]:
+    """Before the script runs: every optimizer class it may use (torch.optim's and the course's utils.optim's),
+    by the name a step record gives it, with its step function and that function's code; and the functions of the modules that define
+    them (the steps' arithmetic, torch.optim.sgd.sgd and the like), with their code."""
+    import types
+
+    from torch.optim import optimizer as base
+
+    from utils import optim as course_optimizers
+    classes = {}
+    for module in (torch.optim, course_optimizers):
+        for value in vars(module).values():
+            if isinstance(value, type) and issubclass(value, torch.optim.Optimizer) and value is not torch.optim.Optimizer:
+                classes[f"{value.__module__}.{value.__qualname__}"] = (value, value.step, value.step.__code__)
+    modules = {sys.modules[cls.__module__] for cls, *_ in classes.values()} | {base}
+    functions = {(module.__name__, name): (value, value.__code__) for module in modules
+                 for name, value in vars(module).items()
+                 if isinstance(value, types.FunctionType) and value.__module__ == module.__name__}
+    return classes, functions
+
+
+_GIVEN_OPTIMIZERS = _optimizers_as_given()
+_HOOKED_STEP = torch.optim.Optimizer.profile_hook_step(lambda self: None).__code__   # torch's wrapper of every step
+_PROBE_HOOKS: list = []   # the probe's own step hooks (the only global ones a script's run may have)
+
+
+def _given_step(step, original) -> bool:
+    """``step`` is ``original``, or torch's profiling wrapper around it (Optimizer wraps each class's step once)."""
+    if step is original:
+        return True
+    cells = [cell.cell_contents for cell in getattr(step, "__closure__", None) or ()]
+    return getattr(step, "__code__", None) is _HOOKED_STEP and cells == [original]
+
+
+def tampering(optimizer) -> str | None:
+    """What of the script's own would run inside ``optimizer``'s step, between the probe's hooks that take
+    the weights before it and after it (None: nothing). An optimizer the check does not take again (not one
+    of ``_GIVEN_OPTIMIZERS``, by name) is refused elsewhere."""
+    from torch.optim import optimizer as base
+    classes, functions = _GIVEN_OPTIMIZERS
+    cls = type(optimizer)
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    if name not in classes:
+        return None
+    given, step, code = classes[name]
+    if cls is not given:
+        return f"its optimizer's class is named {name} but is a class of the script's own"
+    if not _given_step(cls.step, step) or step.__code__ is not code:
+        return f"{name}.step was replaced"
+    if getattr(optimizer, "_optimizer_step_pre_hooks", None) or getattr(optimizer, "_optimizer_step_post_hooks", None):
+        return "its optimizer had step hooks of the script's own (register_step_pre_hook or register_step_post_hook)"
+    if list(base._global_optimizer_pre_hooks.values()) + list(base._global_optimizer_post_hooks.values()) != _PROBE_HOOKS:
+        return ("step hooks for every optimizer were registered (register_optimizer_step_pre_hook or "
+                "register_optimizer_step_post_hook)")
+    for (module, function), (value, code) in functions.items():
+        now = getattr(sys.modules[module], function, None)
+        if now is not value or value.__code__ is not code:
+            return f"{module}.{function} (the optimizer's arithmetic) was replaced"
+    return None
+
+
 def step_record(optimizer, index: dict) -> dict:
     """One optimizer step: the optimizer's class, and per parameter group its parameters (their positions in
     the DDP model's ``parameters()``, -1 for one outside it) and its settings at this step."""
@@ -508,6 +573,8 @@ def _record_calls(record: dict, gpus: SimulatedGPUs, weights: _WeightWatch, inpu
     def before_step(optimizer, args, kwargs):
         weights.compare()
         record["optimizer_steps"] += 1
+        if not record["tampered"]:
+            record["tampered"] = tampering(optimizer)
         if len(record["steps"]) < MAX_STEPS:
             record["steps"].append(step_record(optimizer, positions))
         gpus.internal += 1          # the optimizer's own code sees the real devices (it picks its kernels by them)
@@ -518,6 +585,7 @@ def _record_calls(record: dict, gpus: SimulatedGPUs, weights: _WeightWatch, inpu
 
     register_optimizer_step_pre_hook(before_step)
     register_optimizer_step_post_hook(after_step)
+    _PROBE_HOOKS[:] = [before_step, after_step]
     # A script reaches these through torch.distributed or through the module that defines them (also with
     # `from torch.distributed.distributed_c10d import all_reduce`, which runs after this): replace both.
     for name, replacement in [("init_process_group", init_process_group), ("destroy_process_group", destroy_process_group),
@@ -585,7 +653,8 @@ def main(argv: list[str]) -> None:
               "error": None, "printed": "", "set_device": [], "device_errors": [], "model_device": None,
               "device_ids": None, "params": 0, "mismatches": [], "syncs": {"train": 0, "eval": 0}, "sync_kinds": [],
               "all_reduced": 0, "eval_in_train_mode": 0, "train_in_eval_mode": 0, "ddp_eval_with_grad": 0,
-              "steps": [], "sync_points": {}, "peer_lost": False, "initial": None, "saved": [], "optimizer_steps": 0}
+              "steps": [], "sync_points": {}, "peer_lost": False, "initial": None, "saved": [], "optimizer_steps": 0,
+              "tampered": None}
     printed: list[str] = []
     input_sums: list = []
     gpus = SimulatedGPUs(record, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), os.environ.get("COURSE_PROBE_GPUS") == "1")
