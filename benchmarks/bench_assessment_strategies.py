@@ -81,6 +81,9 @@ def learning_rate(strategy: str, step: int, base_lr: float, scale: int, warmup_s
         weight = torch.zeros(1, requires_grad=True)
         return solution_optimizer([weight], settings.BASE_BATCH * scale, 1, 1)[0].defaults["lr"]
     scaling, warmup = strategy.removesuffix("+warmup"), strategy.endswith("+warmup")
+    if scaling.startswith("lr="):          # a peak rate given as it is (for LARS and LAMB, whose rates mean otherwise)
+        ramp = min(1.0, (step + 1) / max(1, warmup_steps)) if warmup else 1.0
+        return float(scaling.removeprefix("lr=")) * ramp
     if scaling not in SCALINGS:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(SCALINGS)}, each with or "
                          f"without '+warmup'")
@@ -124,6 +127,25 @@ def _load(settings: dict) -> None:
                         difficulty=settings["difficulty"])
 
 
+OPTIMIZERS = {"sgd": "SGD with momentum", "lars": "utils.optim.LARS with momentum (trust coefficient 0.001)",
+              "lamb": "utils.optim.LAMB"}
+
+
+def make_optimizer(name: str, parameters, settings: dict):
+    """SGD with the assessment's momentum, or the course's LARS or LAMB (utils.optim, lab 07) with their defaults;
+    every step's rate is set from the strategy."""
+    import torch
+
+    from utils import optim
+    if name == "sgd":
+        return torch.optim.SGD(parameters, lr=settings["base_lr"], momentum=settings["momentum"])
+    if name == "lars":
+        return optim.LARS(parameters, lr=settings["base_lr"], momentum=settings["momentum"])
+    if name == "lamb":
+        return optim.LAMB(parameters, lr=settings["base_lr"])
+    raise ValueError(f"unknown optimizer {name!r}: sgd, lars or lamb")
+
+
 def train_run(strategy: str, seed: int, settings: dict) -> dict:
     """One run: per-epoch test accuracy and train loss, its time, and whether it diverged."""
     import torch
@@ -138,7 +160,7 @@ def train_run(strategy: str, seed: int, settings: dict) -> dict:
     warmup_steps = round(settings["warmup_epochs"] * steps_per_epoch)
     torch.manual_seed(seed)
     model = models.CNN(d.input_shape)
-    optimizer = torch.optim.SGD(model.parameters(), lr=settings["base_lr"], momentum=settings["momentum"])
+    optimizer = make_optimizer(settings.get("optimizer", "sgd"), model.parameters(), settings)
     schedule = None
     if strategy == "solution":
         optimizer, schedule = solution_optimizer(model.parameters(), batch, steps_per_epoch, settings["epochs"])
@@ -237,7 +259,7 @@ def measure(options: dict, jobs: int, progress=print, strategies=STRATEGIES, fir
             "rule": "passed: test accuracy at or above the target at two per-epoch evaluations in a row; "
                     "held_at_end: at the last two",
             "settings": dict(settings, seeds=seed_list, jobs=jobs, threads_per_run=1,
-                             model="utils.models.CNN", optimizer="SGD with momentum, constant lr after warm-up"),
+                             model="utils.models.CNN", optimizer=OPTIMIZERS[settings.get("optimizer", "sgd")] + ", constant lr after warm-up"),
             "strategies": {name: summary([r for r in runs if r["strategy"] == name], target, lr_of(name))
                            for name in strategies},
             "baseline": summary([r for r in runs if r["strategy"] == "baseline"], target, settings["base_lr"]),
@@ -251,6 +273,7 @@ def table(report: dict) -> str:
              f"global batch {s['global_batch']} ({s['scale']}x the baseline's {s['base_batch']}), {s['epochs']} epochs "
              f"({s['steps_per_epoch']} steps each), warm-up {s['warmup_steps']} steps; target {report['target']:.2f} "
              f"at two evaluations in a row; seeds {s['seeds'][0]}-{s['seeds'][-1]}; "
+             + ("" if s.get("optimizer", "SGD").startswith("SGD") else f"optimizer {s['optimizer']}; ") +
              f"{report['wall_s'] / 60:.1f} min in all on {s['jobs']} worker(s).", "",
              "| strategy | lr | reached the target | held at the end | diverged | final accuracy per seed "
              "| best per seed |",
@@ -271,11 +294,12 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", type=int, help="seeds per strategy (full: 3)")
     parser.add_argument("--epochs", type=int)
     parser.add_argument("--scale", type=int, help="the global batch over the baseline's (full: 16)")
+    parser.add_argument("--optimizer", choices=("sgd", "lars", "lamb"), help="default sgd (with momentum)")
     parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed, first-seed + 1, ... (default 0)")
     parser.add_argument("--baseline-seeds", type=int, help="seeds of the batch-32 baseline (full: 1; 0: none)")
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), metavar="NAME",
-                        help=f"default: {' '.join(STRATEGIES)}; also half-linear, any of them with +warmup, "
-                             f"and solution (the instructor edition's make_optimizer)")
+                        help=f"default: {' '.join(STRATEGIES)}; also half-linear, lr=<peak rate>, any of them with "
+                             f"+warmup, and solution (the instructor edition's make_optimizer)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="worker processes (default: the cores)")
     parser.add_argument("--json", metavar="PATH", help=f"where to write the results (full mode: {RESULTS})")
     parser.add_argument("--table", nargs="?", const=str(RESULTS), metavar="PATH",
@@ -285,7 +309,7 @@ def main(argv=None) -> None:
         print(table(json.loads(Path(args.table).read_text())))
         return
     options = dict(QUICK if args.quick else FULL)
-    for name in ("seeds", "epochs", "baseline_seeds", "scale"):
+    for name in ("seeds", "epochs", "baseline_seeds", "scale", "optimizer"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
     path = args.json or (None if args.quick else str(RESULTS))

@@ -84,6 +84,7 @@ def test_readme_tables_are_printed_from_the_results_files():
 
     readme = (ROOT / "benchmarks" / "README.md").read_text()
     for path in (RESULTS, RESULTS.with_name("assessment_strategies_seeds3-5.json"),
-                 RESULTS.with_name("assessment_half_linear_seeds0-2.json")):
+                 RESULTS.with_name("assessment_half_linear_seeds0-2.json"),
+                 *sorted(RESULTS.parent.glob("assessment_batch_*.json"))):
         assert table(json.loads(path.read_text())) in readme, \
             f"benchmarks/README.md's table for {path.name} differs: paste bench_assessment_strategies.py --table {path}"
