@@ -66,6 +66,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim import optimizer as optimizer_module
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
@@ -365,11 +366,9 @@ def _store_address(store) -> str | None:
 
 def _optimizers_as_given() -> tuple[dict, dict]:
     """Before the script runs: every optimizer class it may use (torch.optim's and the course's utils.optim's),
-    by the name a step record gives it, with its step function and that function's code; and the functions of the modules that define
-    them (the steps' arithmetic, torch.optim.sgd.sgd and the like), with their code."""
+    by the name a step record gives it, with its step function and that function's code; and the functions
+    of the modules that define them (the steps' arithmetic, torch.optim.sgd.sgd and the like), with their code."""
     import types
-
-    from torch.optim import optimizer as base
 
     from utils import optim as course_optimizers
     classes = {}
@@ -377,7 +376,7 @@ def _optimizers_as_given() -> tuple[dict, dict]:
         for value in vars(module).values():
             if isinstance(value, type) and issubclass(value, torch.optim.Optimizer) and value is not torch.optim.Optimizer:
                 classes[f"{value.__module__}.{value.__qualname__}"] = (value, value.step, value.step.__code__)
-    modules = {sys.modules[cls.__module__] for cls, *_ in classes.values()} | {base}
+    modules = {sys.modules[cls.__module__] for cls, *_ in classes.values()} | {optimizer_module}
     functions = {(module.__name__, name): (value, value.__code__) for module in modules
                  for name, value in vars(module).items()
                  if isinstance(value, types.FunctionType) and value.__module__ == module.__name__}
@@ -401,7 +400,6 @@ def tampering(optimizer) -> str | None:
     """What of the script's own would run inside ``optimizer``'s step, between the probe's hooks that take
     the weights before it and after it (None: nothing). An optimizer the check does not take again (not one
     of ``_GIVEN_OPTIMIZERS``, by name) is refused elsewhere."""
-    from torch.optim import optimizer as base
     classes, functions = _GIVEN_OPTIMIZERS
     cls = type(optimizer)
     name = f"{cls.__module__}.{cls.__qualname__}"
@@ -414,7 +412,8 @@ def tampering(optimizer) -> str | None:
         return f"{name}.step was replaced"
     if getattr(optimizer, "_optimizer_step_pre_hooks", None) or getattr(optimizer, "_optimizer_step_post_hooks", None):
         return "its optimizer had step hooks of the script's own (register_step_pre_hook or register_step_post_hook)"
-    if list(base._global_optimizer_pre_hooks.values()) + list(base._global_optimizer_post_hooks.values()) != _PROBE_HOOKS:
+    hooks = optimizer_module._global_optimizer_pre_hooks, optimizer_module._global_optimizer_post_hooks
+    if [hook for registered in hooks for hook in registered.values()] != _PROBE_HOOKS:
         return ("step hooks for every optimizer were registered (register_optimizer_step_pre_hook or "
                 "register_optimizer_step_post_hook)")
     for (module, function), (value, code) in functions.items():
