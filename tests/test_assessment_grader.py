@@ -92,8 +92,12 @@ try:
     open(os.path.join(os.path.dirname(settings.__file__), "grade.py"), "a").write("\\n# edited")
 except OSError:
     pass
-seen = {p: open(f"/proc/{p}/environ", "rb").read() for p in os.listdir("/proc") if p.isdigit()
-        and os.access(f"/proc/{p}/environ", os.R_OK)}
+seen = {}
+for p in filter(str.isdigit, os.listdir("/proc")):
+    try:        # a process may end between the listing and the read: that must not end this script
+        seen[p] = open(f"/proc/{p}/environ", "rb").read()
+    except OSError:
+        pass
 
 
 def train(args, rank, world_size, device):      # no training: fake checkpoints, fake logs, fake records
@@ -397,7 +401,7 @@ def test_fake_logs_fake_records_and_a_fake_model_earn_nothing(graded):
     row = table["i_cheater"]
     assert total(row) == 0, feedback["i_cheater"]
     assert "built no DistributedSampler" in feedback["i_cheater"], feedback["i_cheater"]
-    assert "every checkpoint in checkpoints/ was refused" in feedback["i_cheater"]
+    assert "every checkpoint in checkpoints/ was refused" in feedback["i_cheater"], feedback["i_cheater"]
     assert not (out / "metrics.json").exists()
     assert "# edited" not in (ROOT / "assessment" / "grade.py").read_text()
 
