@@ -5,11 +5,17 @@ The grader iterates this table (``assessment.grade``); the notebook prints it. T
 decided by running the learner's torchrun script on a tiny problem (``assessment.job``), the last two by
 evaluating the checkpoints of the run that counts on held-out images the grader draws at grading time.
 """
+import functools
+import json
 import math
+from pathlib import Path
 
 # The speed rule's factor, here because the criteria's text states it (settings.py, which the grader may import only
 # after it has set the quick mode, gives the same value as settings.SPEED_FACTOR, and says how it was chosen).
 SPEED_FACTOR = 1.3
+# What one optimizer step costs, measured once (benchmarks/bench_assessment_step_cost.py writes it): the speed rule
+# prices steps with it, so that its verdict never depends on the machine that grades or on its load.
+STEP_COST = Path(__file__).resolve().with_name("step_cost.json")
 
 CRITERIA = {
     # name: (points, what it checks)
@@ -23,9 +29,10 @@ CRITERIA = {
     "refusal": (1, "a global batch the processes cannot share equally is refused by every rank before training"),
     "target": (4, "two consecutive checkpoints of your run that counts reach the target accuracy on held-out images "
                   "made at grading time, and its last checkpoint stays at the floor or above"),
-    "speed": (2, f"your run that counts holds the target within {SPEED_FACTOR:g} times the optimizer steps the "
-                 "course's solution needs (its median over the recorded seeds): how fast it trains, counted in steps, "
-                 "so that the verdict is the same on any machine, idle or loaded, CPU or GPU"),
+    "speed": (2, f"your run that counts holds the target within {SPEED_FACTOR:g} times the modelled time the "
+                 "course's solution needs: its optimizer steps to the target times the cost of one step at its batch "
+                 "per process (compute, measured once for this model, plus the all-reduce of lab 03's alpha-beta "
+                 "model), so that the verdict is the same on any machine, idle or loaded, CPU or GPU"),
 }
 
 
@@ -54,17 +61,48 @@ def steps_to_target(first: int, global_batch: int, train_size: int, workers: int
     return (first + 1) * math.ceil(share / (global_batch // workers))
 
 
-def speed(first: int | None) -> tuple[bool, str]:
-    """The speed rule: the run that counts, having held the target from epoch ``first``, took at most
-    SPEED_FACTOR x the steps the course's solution takes (``settings.REFERENCE_EPOCHS``). Steps, not seconds: a
-    step costs the same for every submission (the same model, global batch and processes), so the steps are the
-    time to the target up to that constant, whatever the machine, its load or the grader's other work."""
+@functools.lru_cache(maxsize=1)
+def _step_cost() -> dict:
+    return json.loads(STEP_COST.read_text())
+
+
+def step_seconds(per_rank_batch: int) -> tuple[float, float]:
+    """The modelled cost of one optimizer step at ``per_rank_batch`` images per process: (compute, communication)
+    in seconds. Compute: the measured step time, interpolated linearly between the measured batches (beyond them,
+    extended along the last two). Communication: the ring all-reduce of the gradients between the processes, from
+    lab 03's alpha-beta model with the measured alpha and beta (``utils.collectives.ring_all_reduce_seconds``)."""
+    table = _step_cost()
+    measured = sorted((int(batch), seconds) for batch, seconds in table["compute_seconds"].items())
+    (b0, s0), (b1, s1) = next(((lo, hi) for lo, hi in zip(measured, measured[1:]) if per_rank_batch <= hi[0]),
+                              measured[-2:])
+    compute = s0 + (s1 - s0) * (per_rank_batch - b0) / (b1 - b0)
+    from utils.collectives import ring_all_reduce_seconds
+    ring = table["all_reduce"]
+    communication = ring_all_reduce_seconds(ring["gradient_bytes"], table["workers"], ring["alpha_s"],
+                                            ring["beta_s_per_byte"])
+    return max(compute, 0.0), communication
+
+
+def modelled_seconds(steps: int, per_rank_batch: int) -> float:
+    """The speed rule's time to the target: ``steps`` optimizer steps at ``step_seconds(per_rank_batch)`` each."""
+    return steps * sum(step_seconds(per_rank_batch))
+
+
+def speed(first: int | None, global_batch: int) -> tuple[bool, str]:
+    """The speed rule: the run that counts at ``global_batch``, having held the target from epoch ``first``, took
+    at most SPEED_FACTOR x the modelled time of the course's solution (its global batch ``settings.GLOBAL_BATCH``,
+    held by epoch ``settings.REFERENCE_EPOCHS``). Modelled, not measured: the steps a run took are the same on any
+    machine, and each is priced from one table, so no machine's speed, load or other work changes the verdict."""
     from . import settings
     if first is None:
         return False, "the run that counts did not hold the target, so it has no time to the target"
-    size = dict(global_batch=settings.GLOBAL_BATCH, train_size=settings.TRAIN_SIZE, workers=settings.WORKERS)
-    mine, reference = steps_to_target(first, **size), steps_to_target(settings.REFERENCE_EPOCHS - 1, **size)
-    said = (f"your run held the target after {mine} optimizer steps (epoch {first + 1}); the course's solution needs "
-            f"{reference} (epoch {settings.REFERENCE_EPOCHS}, {settings.REFERENCE_FROM}), and the limit is "
-            f"{settings.SPEED_FACTOR:g}x that, {settings.SPEED_FACTOR * reference:.0f}")
-    return mine <= settings.SPEED_FACTOR * reference, said
+    size = dict(train_size=settings.TRAIN_SIZE, workers=settings.WORKERS)
+    steps = steps_to_target(first, global_batch, **size)
+    reference_steps = steps_to_target(settings.REFERENCE_EPOCHS - 1, settings.GLOBAL_BATCH, **size)
+    mine = modelled_seconds(steps, global_batch // settings.WORKERS)
+    reference = modelled_seconds(reference_steps, settings.GLOBAL_BATCH // settings.WORKERS)
+    said = (f"your run held the target after {steps} optimizer steps of {global_batch // settings.WORKERS} images per "
+            f"process (epoch {first + 1}), {mine:.1f} s modelled; the course's solution needs {reference_steps} steps of "
+            f"{settings.GLOBAL_BATCH // settings.WORKERS} (epoch {settings.REFERENCE_EPOCHS}, {settings.REFERENCE_FROM}), "
+            f"{reference:.1f} s, and the limit is {settings.SPEED_FACTOR:g}x that, {settings.SPEED_FACTOR * reference:.1f} s")
+    return mine <= settings.SPEED_FACTOR * reference * (1 + 1e-9), said   # a float's last digit never decides

@@ -274,7 +274,7 @@ def judge_returned(ran: str, run: dict, counted_seed: int, job_out: str, job_see
     return {"ran": status["completed"] and executed is not None and not run["timed_out"],
             "run_problem": cut(problem), "notes": [cut(n) for n in notes],
             "verdicts": {k: None if v is None else cut(v) for k, v in verdicts.items()}, "target": [reached, cut(why)],
-            "speed": list(criteria.speed(first))}
+            "speed": list(criteria.speed(first, job.counted_run_batch(ran) if reached else 0))}
 
 
 def _cut(text: str, limit: int) -> str:

@@ -178,10 +178,15 @@ def judge_counted_run(folder: Path, seed: int, checkpoints: Path, load_state=Non
     from utils.checks.job_check import REPLAYED_OPTIMIZER, JobCheck
 
     from . import settings
-    check = JobCheck("the run that counts", settings.counted_run(seed), saved=settings.checkpoint_name(settings.EPOCHS),
-                     optimizer=REPLAYED_OPTIMIZER, checkpoint_every_epoch=True)
     try:
         records = _records(Path(folder), "", settings.WORKERS)
+        try:
+            global_batch = counted_global_batch(records)
+        except ValueError as why:
+            return f"the run that counts: {why}"
+        check = JobCheck("the run that counts", settings.counted_run(seed, global_batch),
+                         saved=settings.checkpoint_name(settings.EPOCHS), optimizer=REPLAYED_OPTIMIZER,
+                         checkpoint_every_epoch=True)
         check.judge_calls(records, settings.WORKERS)
         # set_epoch values far from the epochs (an offset that cancels the given seed: the sampler shuffles with seed
         # + value) would make every graded run the same pre-tuned run, whatever seed the grader gives
@@ -199,6 +204,27 @@ def judge_counted_run(folder: Path, seed: int, checkpoints: Path, load_state=Non
     except Exception as error:  # noqa: BLE001 - files written in the sandbox: a malformed one fails, nothing more
         return f"the run that counts left records that could not be read ({type(error).__name__}: {error})"[:500]
     return None
+
+
+def counted_global_batch(records: dict) -> int:
+    """The global batch the run that counts was given: its ``--global-batch=N`` option, from the command line every
+    rank's probe recorded (the same on every rank), checked against the assessment's range; else a ValueError."""
+    from . import settings
+    lines = {tuple(a for a in rec.get("argv") or () if isinstance(a, str)) for rec in records.values()}
+    given = [a.split("=", 1)[1] for line in lines for a in line if a.startswith("--global-batch=")]
+    if len(records) != settings.WORKERS or len(lines) != 1 or len(given) != 1 or not given[0].isdigit():
+        raise ValueError("its records do not show one --global-batch=N given alike to every process, as the "
+                         "notebook's cell for the run that counts gives it: run that cell as the course wrote it")
+    return settings.check_global_batch(int(given[0][:6]))
+
+
+def counted_run_batch(folder: Path) -> int | None:
+    """The global batch of the run that counts whose records are in ``folder``, or None where they do not show one."""
+    from . import settings
+    try:
+        return counted_global_batch(_records(Path(folder), "", settings.WORKERS))
+    except Exception:  # noqa: BLE001 - records written in the sandbox: judge_counted_run says what is wrong
+        return None
 
 
 INPUT_TOLERANCE = 1e-4   # of a batch's summed magnitudes: its sum on another device or in another order differs by ~1e-6
@@ -335,6 +361,20 @@ def check_job(script, seed: int = 0) -> None:
     if failed:
         unsolved = [why for why in failed.values() if "not solved yet" in why]
         raise (NotSolved if unsolved else Incorrect)("\n\n".join(f"[{name}] {why}" for name, why in failed.items()))
+
+
+def check_global_batch_choice(choose) -> int:
+    """The notebook's check of exercise A.2: the global batch ``choose()`` returns, in the assessment's range."""
+    from utils.checks import exercise
+
+    from . import criteria, settings
+    with exercise("A.2"):
+        batch = settings.check_global_batch(choose())
+    per_rank = batch // settings.WORKERS
+    steps = criteria.steps_to_target(0, batch, settings.TRAIN_SIZE, settings.WORKERS)
+    print(f"global batch {batch}: {per_rank} images per process a step, {steps} steps an epoch, "
+          f"{criteria.modelled_seconds(steps, per_rank):.1f} s an epoch modelled")
+    return batch
 
 
 if __name__ == "__main__":   # the grader's sandbox: python -m assessment.job SCRIPT FOLDER SEED

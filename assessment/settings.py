@@ -1,11 +1,11 @@
 """The assessment's fixed settings: the notebook, its checks and the grader all read them from here.
 
 The task: the baseline trains one process at BASE_BATCH with BASE_LR; the learner's data-parallel
-job (a torchrun script, run with WORKERS processes) must train at GLOBAL_BATCH (SCALE times larger,
-so SCALE times fewer steps) for the same EPOCHS and still reach TARGET accuracy at two evaluations in
-a row (two consecutive epochs' checkpoints) and keep its last checkpoint at FLOOR or above (a run
-that collapses afterwards does not pass), on held-out images that the grader draws afresh at
-grading time. The images are the shapes set at
+job (a torchrun script, run with WORKERS processes) trains at a global batch the learner chooses from
+MIN_GLOBAL_BATCH to MAX_GLOBAL_BATCH (so that many times fewer steps) for the same EPOCHS and must still
+reach TARGET accuracy at two evaluations in a row (two consecutive epochs' checkpoints) and keep its last
+checkpoint at FLOOR or above (a run that collapses afterwards does not pass), on held-out images that the
+grader draws afresh at grading time, and reach it fast (``criteria.speed``). The images are the shapes set at
 DIFFICULTY "hard" (in full mode), on which the CNN plateaus well below 100%. How these were chosen
 is recorded in the course repository's benchmarks/README.md.
 """
@@ -19,8 +19,12 @@ DIFFICULTY = config.pick(quick="standard", full="hard")   # utils.data.shapes(di
 BASE_BATCH = 32
 BASE_LR = 0.02                   # SGD with momentum MOMENTUM; tuned for BASE_BATCH
 MOMENTUM = 0.9
-SCALE = config.pick(quick=4, full=16)
-GLOBAL_BATCH = SCALE * BASE_BATCH
+SCALE = config.pick(quick=4, full=16)   # the course's solution's choice: its global batch over the baseline's
+GLOBAL_BATCH = SCALE * BASE_BATCH       # ... the speed rule's reference
+# The learner's choice of global batch: from 8x the baseline's (quick mode: 4x) to 64x (16x), a multiple of WORKERS.
+# At 64x an epoch of the full TRAIN_SIZE is 5 steps; beyond, too few steps are left to train in EPOCHS.
+MIN_GLOBAL_BATCH = config.pick(quick=4, full=8) * BASE_BATCH
+MAX_GLOBAL_BATCH = config.pick(quick=16, full=64) * BASE_BATCH
 EPOCHS = config.pick(quick=3, full=20)
 TRAIN_SIZE = config.pick(quick=2400, full=9600)   # images for training (9600 + 2400 = the set's 12000)
 TEST_SIZE = config.pick(quick=600, full=2400)
@@ -37,8 +41,8 @@ RECORD_DIR = "run_record"        # the run that counts: what each process did (u
 # solution holds the target at every drawn seed recorded with the real job (benchmarks/results/assessment_job.json,
 # benchmarks/bench_assessment_job.py; tests/test_bench_assessment_job.py checks it).
 COUNTED_SEED = 0
-COUNTED_RUN = {"epochs": EPOCHS, "global_batch": GLOBAL_BATCH, "train_size": TRAIN_SIZE, "test_size": TEST_SIZE,
-               "difficulty": DIFFICULTY, "dropout": 0.25}
+COUNTED_RUN = {"epochs": EPOCHS, "train_size": TRAIN_SIZE, "test_size": TEST_SIZE, "difficulty": DIFFICULTY,
+               "dropout": 0.25}
 SEED_VARIABLE = "COURSE_COUNTED_SEED"   # the grader sets it in the notebook's environment
 JOB_DIR = "assessment_job"       # the learner's script, written by the notebook's %%writefile cell
 JOB_FILE = "train_job.py"
@@ -59,9 +63,20 @@ def counted_seed() -> int:
     return int(given) if given.isdigit() else COUNTED_SEED
 
 
-def counted_run(seed: int) -> dict:
-    """Every setting the run that counts gives the script, its seed included."""
-    return {**COUNTED_RUN, "seed": seed}
+def check_global_batch(global_batch) -> int:
+    """The learner's choice of global batch, or a ValueError that says what to choose."""
+    if type(global_batch) is not int or not MIN_GLOBAL_BATCH <= global_batch <= MAX_GLOBAL_BATCH \
+            or global_batch % WORKERS:
+        raise ValueError(f"the global batch of the run that counts must be a whole number from {MIN_GLOBAL_BATCH} to "
+                         f"{MAX_GLOBAL_BATCH} ({MIN_GLOBAL_BATCH // BASE_BATCH}x to {MAX_GLOBAL_BATCH // BASE_BATCH}x "
+                         f"the baseline's {BASE_BATCH}) that {WORKERS} processes share equally (a multiple of "
+                         f"{WORKERS}); got {global_batch!r:.40}")
+    return global_batch
+
+
+def counted_run(seed: int, global_batch: int = GLOBAL_BATCH) -> dict:
+    """Every setting the run that counts gives the script: its seed and the learner's global batch included."""
+    return {**COUNTED_RUN, "global_batch": check_global_batch(global_batch), "seed": seed}
 
 
 def checkpoint_name(epoch: int) -> str:

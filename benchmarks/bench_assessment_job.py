@@ -6,14 +6,18 @@ run) and the series judged by the grader's rule (``criteria.target_held``): whet
 target, and the epoch ending its first held pair (what the speed rule counts).
 
 Strategies: ``solution`` runs the script as written; any strategy of bench_assessment_strategies.py
-(``none``, ``sqrt``, ``linear``, ``half-linear``, each with or without ``+warmup``) runs the same script
-with its ``make_optimizer`` replaced by SGD with momentum at that strategy's rate, stepped as the script
-steps its scheduler (once per optimizer step), warm-up over ``WARMUP_EPOCHS``.
+(``none``, ``sqrt``, ``linear``, ``half-linear``, ``lr=<rate>``, each with or without ``+warmup``) runs the
+same script with its ``make_optimizer`` replaced by ``--optimizer`` (SGD with momentum, or the course's LARS
+or LAMB) at that strategy's rate, stepped as the script steps its scheduler (once per optimizer step),
+warm-up over ``WARMUP_EPOCHS``. ``--global-batch`` runs every strategy at another global batch than the
+assessment's (the solution then takes its own rate for that batch). A strategy run with LARS or LAMB is
+named ``lars:<strategy>`` in the results.
 
 Runs go one at a time (each takes ``WORKERS`` cores). Results: benchmarks/results/assessment_job.json;
 ``--table`` prints the README's table from a results file.
 
     .venv/bin/python benchmarks/bench_assessment_job.py [--seeds 6] [--strategies solution none] [--json PATH]
+    .venv/bin/python benchmarks/bench_assessment_job.py --global-batch 1024 --optimizer lars --strategies lr=32+warmup
     .venv/bin/python benchmarks/bench_assessment_job.py --quick --seeds 1 --json /tmp/q.json   # about a minute
     .venv/bin/python benchmarks/bench_assessment_job.py --table [PATH]
 """
@@ -35,23 +39,24 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 RESULTS = ROOT / "benchmarks" / "results" / "assessment_job.json"
 WARMUP_EPOCHS = 2      # the "+warmup" strategies' ramp
-# Runs the job script with another make_optimizer: python STRATEGY_RUNNER SCRIPT STRATEGY WARMUP_EPOCHS ARGS...
+# Runs the job script with another make_optimizer:
+#   python STRATEGY_RUNNER SCRIPT STRATEGY OPTIMIZER WARMUP_EPOCHS ARGS...
 STRATEGY_RUNNER = '''
 import math, runpy, sys
 import torch
 import torch.distributed as dist
 sys.path.insert(0, {benchmarks!r})
-from bench_assessment_strategies import learning_rate
+from bench_assessment_strategies import learning_rate, make_optimizer as build_optimizer
 from assessment import settings
 
-script, strategy, warmup_epochs = sys.argv[1], sys.argv[2], float(sys.argv[3])
-sys.argv = [script] + sys.argv[4:]
+script, strategy, optimizer_name, warmup_epochs = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+sys.argv = [script] + sys.argv[5:]
 job = runpy.run_path(script, run_name="train_job")      # its definitions; its main block is the one below
 
 
 def make_optimizer(parameters, global_batch, steps_per_epoch, epochs):
     scale, warmup = global_batch // settings.BASE_BATCH, round(warmup_epochs * steps_per_epoch)
-    optimizer = torch.optim.SGD(parameters, lr=settings.BASE_LR, momentum=settings.MOMENTUM)
+    optimizer = build_optimizer(optimizer_name, parameters, dict(base_lr=settings.BASE_LR, momentum=settings.MOMENTUM))
     rate = lambda step: learning_rate(strategy, step, settings.BASE_LR, scale, warmup) / settings.BASE_LR
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
 
@@ -66,21 +71,27 @@ finally:
 '''
 
 
-def one_run(strategy: str, seed: int, eval_seed: int, folder: Path) -> dict:
+def run_name(strategy: str, optimizer: str) -> str:
+    """A strategy's name in the results: the optimizer first where it is not SGD."""
+    return strategy if optimizer == "sgd" or strategy == "solution" else f"{optimizer}:{strategy}"
+
+
+def one_run(strategy: str, seed: int, eval_seed: int, folder: Path, global_batch: int, optimizer: str = "sgd") -> dict:
     """One run that counts: each checkpoint's accuracy on fresh images, the grader's verdict, its time."""
     import torch
 
     from assessment import criteria, grade, settings
     from utils import export
 
-    out = folder / f"out-{strategy}-{seed}"
-    options = {**settings.counted_run(seed), "out": str(out)}
+    name = run_name(strategy, optimizer)
+    out = folder / f"out-{name.replace(':', '-')}-{seed}"
+    options = {**settings.counted_run(seed), "global_batch": global_batch, "out": str(out)}
     arguments = [f"--{key.replace('_', '-')}={value}" for key, value in options.items()]
     if strategy == "solution":
         program = [str(folder / settings.JOB_FILE), *arguments]
     else:
-        program = [str(folder / "strategy_job.py"), str(folder / settings.JOB_FILE), strategy, str(WARMUP_EPOCHS),
-                   *arguments]
+        program = [str(folder / "strategy_job.py"), str(folder / settings.JOB_FILE), strategy, optimizer,
+                   str(WARMUP_EPOCHS), *arguments]
     start = time.perf_counter()
     result = export.run(program, settings.WORKERS, cwd=str(folder), threads=1, timeout=4 * 3600,
                         env={"PYTHONPATH": str(ROOT)})
@@ -92,7 +103,7 @@ def one_run(strategy: str, seed: int, eval_seed: int, folder: Path) -> dict:
         state = torch.load(out / settings.checkpoint_name(epoch), map_location="cpu", weights_only=True)
         accuracy.append(round(grade.accuracy_on_fresh_images(state, eval_seed), 4))
     first, _ = criteria.target_held(accuracy, settings.TARGET, settings.FLOOR)
-    return dict(strategy=strategy, seed=seed, eval_seed=eval_seed, accuracy=accuracy, first=first,
+    return dict(strategy=name, seed=seed, eval_seed=eval_seed, accuracy=accuracy, first=first,
                 seconds=round(seconds, 1))
 
 
@@ -105,7 +116,8 @@ def summary(runs: list[dict]) -> dict:
                 eval_seeds=[r["eval_seed"] for r in runs])
 
 
-def measure(strategies: list[str], seeds: list[int], progress=print) -> dict:
+def measure(strategies: list[str], seeds: list[int], progress=print, global_batch: int | None = None,
+            optimizer: str = "sgd") -> dict:
     import nbformat
 
     import machine
@@ -119,22 +131,25 @@ def measure(strategies: list[str], seeds: list[int], progress=print) -> dict:
         (folder / settings.JOB_FILE).write_text(grade.job_script(nbformat.read(INSTRUCTOR, as_version=4)))
         (folder / "strategy_job.py").write_text(STRATEGY_RUNNER.format(benchmarks=str(ROOT / "benchmarks")))
         start = time.perf_counter()
+        global_batch = global_batch or settings.GLOBAL_BATCH
         for seed in seeds:
             for strategy in strategies:
-                run = one_run(strategy, seed, secrets.randbelow(2**31), folder)
+                run = one_run(strategy, seed, secrets.randbelow(2**31), folder, global_batch, optimizer)
                 runs.append(run)
-                progress(f"{strategy:>14} seed {seed}: accuracy per epoch {' '.join(f'{a:.3f}' for a in run['accuracy'])}"
+                progress(f"{run['strategy']:>14} seed {seed}: accuracy per epoch {' '.join(f'{a:.3f}' for a in run['accuracy'])}"
                          f"  held by epoch {run['first'] + 1 if run['first'] is not None else '-'}  {run['seconds']:.0f} s")
         wall = time.perf_counter() - start
     return {"machine": machine_name(), "date": datetime.date.today().isoformat(), "target": settings.TARGET,
             "floor": settings.FLOOR,
             "rule": "criteria.target_held on the checkpoints' accuracy on fresh held-out images (the grader's "
                     "evaluation); held_by_epoch: the epoch that ends the first held pair (the speed rule's count)",
-            "settings": dict(settings.counted_run(0), seed="drawn per run", workers=settings.WORKERS,
+            "settings": dict(settings.counted_run(0), global_batch=global_batch, seed="drawn per run",
+                             workers=settings.WORKERS,
                              threads_per_process=1, eval_size=settings.EVAL_SIZE, warmup_epochs=WARMUP_EPOCHS,
                              quick=os.environ.get("COURSE_QUICK") == "1", job="the instructor edition's script "
                              "(assessment.ipynb), real torchrun processes"),
-            "strategies": {name: summary([r for r in runs if r["strategy"] == name]) for name in strategies},
+            "strategies": {name: summary([r for r in runs if r["strategy"] == name])
+                           for name in (run_name(s, optimizer) for s in strategies)},
             "wall_s": round(wall, 1), "details": machine.describe()}
 
 
@@ -159,6 +174,9 @@ def main(argv=None) -> None:
     parser.add_argument("--seed-list", type=int, nargs="+", metavar="SEED", help="these seeds instead of drawn ones")
     parser.add_argument("--strategies", nargs="+", default=["solution"], metavar="NAME",
                         help="solution (the default) and any of bench_assessment_strategies.py's")
+    parser.add_argument("--global-batch", type=int, metavar="N", help="the global batch (default: the assessment's)")
+    parser.add_argument("--optimizer", default="sgd", choices=("sgd", "lars", "lamb"),
+                        help="the optimizer of every strategy but the solution (default sgd)")
     parser.add_argument("--json", metavar="PATH", help=f"where to write the results (full mode: {RESULTS})")
     parser.add_argument("--table", nargs="?", const=str(RESULTS), metavar="PATH",
                         help="print the README's table from a results file and exit")
@@ -172,7 +190,8 @@ def main(argv=None) -> None:
         if name != "solution":
             learning_rate(name, 0, 1.0, 1, 1)  # an unknown name fails here, before any run
     seeds = args.seed_list or [secrets.randbelow(2**31) for _ in range(args.seeds)]
-    report = measure(args.strategies, seeds, progress=lambda line: print(line, flush=True))
+    report = measure(args.strategies, seeds, progress=lambda line: print(line, flush=True),
+                     global_batch=args.global_batch, optimizer=args.optimizer)
     print(table(report))
     path = args.json or (None if args.quick else str(RESULTS))
     if path:

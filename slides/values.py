@@ -118,10 +118,14 @@ def _assessment(out: dict) -> None:
     """The assessment's settings (in the mode the build runs in) and its automatic criteria."""
     from assessment import criteria, settings
 
-    for key in ("WORKERS", "BASE_BATCH", "SCALE", "GLOBAL_BATCH", "EPOCHS", "TARGET", "FLOOR", "EVAL_SIZE", "REFERENCE_EPOCHS"):
+    for key in ("WORKERS", "BASE_BATCH", "SCALE", "GLOBAL_BATCH", "MIN_GLOBAL_BATCH", "MAX_GLOBAL_BATCH", "EPOCHS",
+                "TARGET", "FLOOR", "EVAL_SIZE", "REFERENCE_EPOCHS"):
         out[f"assessment.{key.lower()}"] = f"{getattr(settings, key):g}"
     out["assessment.speed_factor"] = f"{settings.SPEED_FACTOR:g}"
-    out["assessment.latest_epoch"] = str(int(settings.SPEED_FACTOR * settings.REFERENCE_EPOCHS))
+    steps = criteria.steps_to_target(settings.REFERENCE_EPOCHS - 1, settings.GLOBAL_BATCH, settings.TRAIN_SIZE,
+                                     settings.WORKERS)
+    seconds = criteria.modelled_seconds(steps, settings.GLOBAL_BATCH // settings.WORKERS)
+    out["assessment.reference_seconds"] = f"{seconds:.1f} s for {steps} steps"
     rows = [f"| {name} | {points} | {what} |" for name, (points, what) in criteria.CRITERIA.items()]
     out["assessment.criteria"] = "| criterion | points | what the grader checks |\n| --- | --- | --- |\n" + "\n".join(rows)
     out["assessment.points"] = str(sum(points for points, _ in criteria.CRITERIA.values()))

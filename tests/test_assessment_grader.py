@@ -68,8 +68,9 @@ def tampered():
     nb.cells = [c for c in nb.cells if c.id != "asmt-08"]
     nb.cells.insert(1, nb.cells.pop(5))
     run = cell(nb, "asmt-20").source
-    assert "**settings.counted_run(seed)" in run, "the run that counts changed: update this test"
-    cell(nb, "asmt-20").source = run.replace("**settings.counted_run(seed)", '**settings.counted_run(seed), "global_batch": 32')
+    assert "**settings.counted_run(seed, GLOBAL_BATCH)" in run, "the run that counts changed: update this test"
+    cell(nb, "asmt-20").source = run.replace("**settings.counted_run(seed, GLOBAL_BATCH)",
+                                             '**settings.counted_run(seed, GLOBAL_BATCH), "global_batch": 32')
     return nb
 
 
@@ -490,18 +491,67 @@ def test_feedback_shows_what_a_run_printed_as_one_line_that_markdown_does_not_ac
                                     for line in quoted), quoted
 
 
-def test_the_speed_rule_counts_steps_against_the_solutions_with_a_margin(monkeypatch):
-    """A right answer 20% slower than the solution passes, one 3 times slower fails; full-mode sizes."""
+# A step cost table for the speed rule's tests: 10 ms of fixed cost a step and 0.4 ms per image, a 1 ms all-reduce
+STEP_COST = {"workers": 2, "compute_seconds": {str(b): 0.010 + 0.0004 * b for b in (64, 128, 256, 512, 1024)},
+             "all_reduce": {"alpha_s": 0.0005, "beta_s_per_byte": 0.0, "gradient_bytes": 172_000}}
+
+
+def test_the_speed_rule_prices_steps_against_the_solutions_with_a_margin(monkeypatch):
+    """A right answer 20% slower than the solution passes, one 3 times slower fails; another batch is priced by
+    its steps' cost, so that fewer, costlier steps can be faster or slower; full-mode sizes."""
     from assessment import criteria, settings
     for name, value in dict(REFERENCE_EPOCHS=10, SPEED_FACTOR=1.5, GLOBAL_BATCH=512, TRAIN_SIZE=9600, WORKERS=2).items():
         monkeypatch.setattr(settings, name, value)
+    monkeypatch.setattr(criteria, "_step_cost", lambda: STEP_COST)
     steps = criteria.steps_to_target(9, 512, 9600, 2)
     assert steps == 10 * 19, steps            # 4800 images per process in batches of 256: 19 steps an epoch
-    assert criteria.speed(9)[0] and criteria.speed(11)[0]      # the solution's median; 20% slower
-    assert criteria.speed(14)[0] and not criteria.speed(15)[0]  # 1.5x: epoch 15 holds, 16 does not
-    fast, said = criteria.speed(29)                             # 3x slower
-    assert not fast and "after 570 optimizer steps" in said and "needs 190" in said and "limit is 1.5x that, 285" in said
-    assert criteria.speed(None) == (False, "the run that counts did not hold the target, so it has no time to the target")
+    assert criteria.step_seconds(256) == pytest.approx((0.010 + 0.0004 * 256, 0.001))
+    assert criteria.step_seconds(192)[0] == pytest.approx(0.010 + 0.0004 * 192)      # between measured batches
+    assert criteria.speed(9, 512)[0] and criteria.speed(11, 512)[0]      # the solution's median; 20% slower
+    assert criteria.speed(14, 512)[0] and not criteria.speed(15, 512)[0]  # 1.5x: epoch 15 holds, 16 does not
+    fast, said = criteria.speed(29, 512)                                  # 3x slower
+    assert not fast and "after 570 optimizer steps of 256 images per process" in said and "needs 190 steps" in said
+    limit = 1.5 * 190 * (0.010 + 0.0004 * 256 + 0.001)
+    assert f"limit is 1.5x that, {limit:.1f} s" in said, said
+    # Half the batch: 38 steps an epoch of 128 images, about 10% dearer per epoch here: epoch 13 holds, 14 does not
+    assert criteria.modelled_seconds(38, 128) > criteria.modelled_seconds(19, 256)
+    assert criteria.speed(12, 256)[0] and not criteria.speed(13, 256)[0]
+    # Four times the batch: 5 steps an epoch of 1024, cheaper per epoch
+    assert criteria.modelled_seconds(5, 1024) < criteria.modelled_seconds(19, 256)
+    assert criteria.speed(None, 512) == (False, "the run that counts did not hold the target, so it has no time to the target")
+
+
+def test_the_step_cost_table_is_measured_for_every_batch_a_learner_may_choose():
+    """The table the speed rule prices steps with (assessment/step_cost.json): written by its benchmark on a named
+    machine, covering the per-process batches of the whole range, its costs growing with the batch."""
+    from assessment import criteria, settings
+    table = json.loads(criteria.STEP_COST.read_text())
+    assert table["machine"] and table["date"] and table["workers"] == settings.WORKERS
+    measured = sorted(int(b) for b in table["compute_seconds"])
+    assert measured[0] <= 8 * settings.BASE_BATCH // settings.WORKERS and measured[-1] >= 64 * settings.BASE_BATCH // 2
+    costs = [sum(criteria.step_seconds(b)) for b in range(measured[0], measured[-1] + 1, 16)]
+    assert all(c > 0 for c in costs) and costs[-1] > costs[0]
+    assert 0 < criteria.step_seconds(128)[1] < criteria.step_seconds(128)[0]   # on this CNN the all-reduce is the smaller part
+
+
+def test_the_speed_verdict_is_the_same_on_an_idle_and_a_loaded_machine():
+    """The same run judged in a fresh process on an idle machine and again while every core is busy: the verdict and
+    its text are the same, to the character (the rule reads no clock)."""
+    code = ("import json; from assessment import criteria, settings; "
+            "print(json.dumps([criteria.speed(e, b) for e in (settings.REFERENCE_EPOCHS - 1, 2 * settings.REFERENCE_EPOCHS) "
+            "for b in (settings.MIN_GLOBAL_BATCH, settings.GLOBAL_BATCH, settings.MAX_GLOBAL_BATCH)]))")
+    judged = lambda: subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                                    timeout=300, env={**os.environ, "COURSE_QUICK": "0"}).stdout
+    idle = judged()
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        loaded = judged()
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    assert idle and idle == loaded
+    assert json.loads(idle)[1][0] is True     # the solution's own median passes
 
 
 def test_restore_refuses_what_is_not_a_notebook_and_names_missing_cells(tmp_path):

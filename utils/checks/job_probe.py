@@ -653,7 +653,7 @@ def main(argv: list[str]) -> None:
               "device_ids": None, "params": 0, "mismatches": [], "syncs": {"train": 0, "eval": 0}, "sync_kinds": [],
               "all_reduced": 0, "eval_in_train_mode": 0, "train_in_eval_mode": 0, "ddp_eval_with_grad": 0,
               "steps": [], "sync_points": {}, "peer_lost": False, "initial": None, "saved": [], "optimizer_steps": 0,
-              "tampered": None}
+              "tampered": None, "argv": [str(a)[:200] for a in argv[1:100]]}
     printed: list[str] = []
     input_sums: list = []
     gpus = SimulatedGPUs(record, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), os.environ.get("COURSE_PROBE_GPUS") == "1")
