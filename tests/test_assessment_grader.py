@@ -554,6 +554,30 @@ def test_the_speed_verdict_is_the_same_on_an_idle_and_a_loaded_machine():
     assert json.loads(idle)[1][0] is True     # the solution's own median passes
 
 
+def test_the_run_that_counts_is_judged_at_the_global_batch_its_command_line_gave():
+    """The grader reads the learner's batch from the command line every rank's probe recorded: one value, the same on
+    every rank, in the assessment's range; anything else is refused with a reason, never a crash."""
+    from assessment import job, settings
+    low, high = settings.MIN_GLOBAL_BATCH, settings.MAX_GLOBAL_BATCH
+
+    def records(*batches):
+        return {r: {"rank": str(r), "argv": ["--epochs=3", f"--global-batch={b}", "--seed=7"]} for r, b in enumerate(batches)}
+    assert job.counted_global_batch(records(low, low)) == low
+    assert job.counted_global_batch(records(high, high)) == high
+    refused = {"ranks disagree": records(low, high), "one rank only": records(low),
+               "no batch given": {r: {"rank": str(r), "argv": ["--epochs=3"]} for r in range(2)},
+               "no command line": {r: {"rank": str(r)} for r in range(2)},
+               "not a number": records("5e3", "5e3"), "given twice": {r: {"rank": str(r), "argv": [
+                   f"--global-batch={low}", f"--global-batch={high}"]} for r in range(2)},
+               "not strings": {r: {"rank": str(r), "argv": [[1], {"a": 2}, 3]} for r in range(2)}}
+    for name, case in refused.items():
+        with pytest.raises(ValueError, match="--global-batch=N given alike to every process"):
+            job.counted_global_batch(case)
+    for batch in (low - settings.WORKERS, high + settings.WORKERS, low + 1, 10 ** 30):
+        with pytest.raises(ValueError, match=f"from {low} to {high}"):
+            job.counted_global_batch(records(batch, batch))
+
+
 def test_restore_refuses_what_is_not_a_notebook_and_names_missing_cells(tmp_path):
     (tmp_path / "bad.ipynb").write_text("[1, 2]")
     with pytest.raises(SubmissionError, match="not a notebook"):
