@@ -53,12 +53,13 @@ def target_held(accuracies: list, target: float, floor: float) -> tuple[int | No
     return None, f"the target is {target:.2f} at two consecutive epochs"
 
 
-def steps_to_target(first: int, global_batch: int, train_size: int, workers: int) -> int:
+def steps_to_target(first: int, global_batch: int, train_size: int, workers: int, drop_last: bool = False) -> int:
     """The optimizer steps a run took until the second checkpoint of its first held pair (``first``, from
     ``target_held``): every epoch, each process takes its share of the training set in batches of
-    global_batch / workers (the last one smaller)."""
+    global_batch / workers (the last one smaller, or left out with ``drop_last``)."""
     share = math.ceil(train_size / workers)              # DistributedSampler pads the shares to equal sizes
-    return (first + 1) * math.ceil(share / (global_batch // workers))
+    per_rank = global_batch // workers
+    return (first + 1) * (share // per_rank if drop_last else math.ceil(share / per_rank))
 
 
 @functools.lru_cache(maxsize=1)
@@ -88,8 +89,9 @@ def modelled_seconds(steps: int, per_rank_batch: int) -> float:
     return steps * sum(step_seconds(per_rank_batch))
 
 
-def speed(first: int | None, global_batch: int) -> tuple[bool, str]:
-    """The speed rule: the run that counts at ``global_batch``, having held the target from epoch ``first``, took
+def speed(first: int | None, global_batch: int, drop_last: bool = False) -> tuple[bool, str]:
+    """The speed rule: the run that counts at ``global_batch`` (each epoch's last smaller batch left out with
+    ``drop_last``), having held the target from epoch ``first``, took
     at most SPEED_FACTOR x the modelled time of the course's solution (its global batch ``settings.GLOBAL_BATCH``,
     held by epoch ``settings.REFERENCE_EPOCHS``). Modelled, not measured: the steps a run took are the same on any
     machine, and each is priced from one table, so no machine's speed, load or other work changes the verdict."""
@@ -97,7 +99,7 @@ def speed(first: int | None, global_batch: int) -> tuple[bool, str]:
     if first is None:
         return False, "the run that counts did not hold the target, so it has no time to the target"
     size = dict(train_size=settings.TRAIN_SIZE, workers=settings.WORKERS)
-    steps = steps_to_target(first, global_batch, **size)
+    steps = steps_to_target(first, global_batch, drop_last=drop_last, **size)
     reference_steps = steps_to_target(settings.REFERENCE_EPOCHS - 1, settings.GLOBAL_BATCH, **size)
     mine = modelled_seconds(steps, global_batch // settings.WORKERS)
     reference = modelled_seconds(reference_steps, settings.GLOBAL_BATCH // settings.WORKERS)

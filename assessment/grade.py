@@ -267,6 +267,7 @@ def judge_returned(ran: str, run: dict, counted_seed: int, job_out: str, job_see
     if first is not None and (unlike := job.judge_counted_run(ran, counted_seed, ran, lambda p: load_checkpoint(p)[0])):
         first, why = None, f"{why}; but they do not count: {unlike}"
     reached = first is not None
+    shape = job.counted_run_shape(ran, counted_seed) if reached else None   # its batch, for the speed rule
     problem = status["problem"]
     if not reached and problem:
         why = f"{problem}; {why}"
@@ -274,7 +275,7 @@ def judge_returned(ran: str, run: dict, counted_seed: int, job_out: str, job_see
     return {"ran": status["completed"] and executed is not None and not run["timed_out"],
             "run_problem": cut(problem), "notes": [cut(n) for n in notes],
             "verdicts": {k: None if v is None else cut(v) for k, v in verdicts.items()}, "target": [reached, cut(why)],
-            "speed": list(criteria.speed(first, job.counted_run_batch(ran) if reached else 0))}
+            "speed": list(criteria.speed(first if shape else None, *(shape or (0,))))}
 
 
 def _cut(text: str, limit: int) -> str:

@@ -212,17 +212,24 @@ def counted_global_batch(records: dict) -> int:
     from . import settings
     lines = {tuple(a for a in rec.get("argv") or () if isinstance(a, str)) for rec in records.values()}
     given = [a.split("=", 1)[1] for line in lines for a in line if a.startswith("--global-batch=")]
-    if len(records) != settings.WORKERS or len(lines) != 1 or len(given) != 1 or not given[0].isdigit():
+    if len(records) != settings.WORKERS or len(lines) != 1 or len(given) != 1 \
+            or not (given[0].isascii() and given[0].isdigit()):
         raise ValueError("its records do not show one --global-batch=N given alike to every process, as the "
                          "notebook's cell for the run that counts gives it: run that cell as the course wrote it")
-    return settings.check_global_batch(int(given[0][:6]))
+    return settings.check_global_batch(int(given[0]) if len(given[0]) <= 9 else 10 ** 9)
 
 
-def counted_run_batch(folder: Path) -> int | None:
-    """The global batch of the run that counts whose records are in ``folder``, or None where they do not show one."""
+def counted_run_shape(folder: Path, seed: int) -> tuple[int, bool] | None:
+    """(global batch, whether each epoch's last smaller batch was left out) of the run that counts whose records are
+    in ``folder`` (a run ``judge_counted_run`` accepted), or None where the records do not show them."""
+    from utils.checks.job_check import REPLAYED_OPTIMIZER, JobCheck
+
     from . import settings
     try:
-        return counted_global_batch(_records(Path(folder), "", settings.WORKERS))
+        records = _records(Path(folder), "", settings.WORKERS)
+        global_batch = counted_global_batch(records)
+        check = JobCheck("the run that counts", settings.counted_run(seed, global_batch), optimizer=REPLAYED_OPTIMIZER)
+        return global_batch, check._drops_last(records, settings.WORKERS)
     except Exception:  # noqa: BLE001 - records written in the sandbox: judge_counted_run says what is wrong
         return None
 

@@ -9,6 +9,7 @@ grader draws afresh at grading time, and reach it fast (``criteria.speed``). The
 DIFFICULTY "hard" (in full mode), on which the CNN plateaus well below 100%. How these were chosen
 is recorded in the course repository's benchmarks/README.md.
 """
+import numbers
 import os
 
 from assessment import criteria
@@ -64,13 +65,17 @@ def counted_seed() -> int:
 
 
 def check_global_batch(global_batch) -> int:
-    """The learner's choice of global batch, or a ValueError that says what to choose."""
-    if type(global_batch) is not int or not MIN_GLOBAL_BATCH <= global_batch <= MAX_GLOBAL_BATCH \
-            or global_batch % WORKERS:
-        raise ValueError(f"the global batch of the run that counts must be a whole number from {MIN_GLOBAL_BATCH} to "
+    """The learner's choice of global batch as a Python int, or a ValueError that says what to choose."""
+    if isinstance(global_batch, numbers.Integral) and not isinstance(global_batch, bool):
+        global_batch = int(global_batch)     # a numpy or torch integer is a whole number too
+    if type(global_batch) is not int:
+        raise ValueError(f"the global batch of the run that counts must be an integer (a Python int), got "
+                         f"{type(global_batch).__name__} {global_batch!r:.40}")
+    if not MIN_GLOBAL_BATCH <= global_batch <= MAX_GLOBAL_BATCH or global_batch % WORKERS:
+        raise ValueError(f"the global batch of the run that counts must be from {MIN_GLOBAL_BATCH} to "
                          f"{MAX_GLOBAL_BATCH} ({MIN_GLOBAL_BATCH // BASE_BATCH}x to {MAX_GLOBAL_BATCH // BASE_BATCH}x "
-                         f"the baseline's {BASE_BATCH}) that {WORKERS} processes share equally (a multiple of "
-                         f"{WORKERS}); got {global_batch!r:.40}")
+                         f"the baseline's {BASE_BATCH}) and one that {WORKERS} processes share equally (a multiple of "
+                         f"{WORKERS}); got {global_batch}")
     return global_batch
 
 

@@ -28,6 +28,7 @@ import datetime
 import json
 import os
 import secrets
+import statistics
 import sys
 import tempfile
 import time
@@ -167,6 +168,53 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def times_to_target(report: dict, name: str) -> list[float | None]:
+    """Each recorded seed's modelled time to the target (``criteria.modelled_seconds`` of the optimizer steps up to
+    its first held pair, at its batch per process), or None where it did not hold the target: the speed rule's
+    measure, with the step-cost table the grader uses now."""
+    from assessment import criteria
+    s = report["settings"]
+    batch, workers = s["global_batch"], s["workers"]
+    return [None if end is None else
+            criteria.modelled_seconds(criteria.steps_to_target(end - 1, batch, s["train_size"], workers), batch // workers)
+            for end in report["strategies"][name]["held_by_epoch"]]
+
+
+def peak_rate(name: str, global_batch: int) -> float:
+    """The learning rate a recorded strategy reaches after its warm-up, at ``global_batch``."""
+    from assessment import settings
+    from bench_assessment_strategies import learning_rate
+    return learning_rate(name.split(":", 1)[-1], 10**9, settings.BASE_LR, global_batch // settings.BASE_BATCH, 1)
+
+
+def choices(reports: list[dict]) -> str:
+    """The README's comparison of the learner's choices (Markdown): per global batch and strategy, the seeds that
+    held the target and the modelled time to it; then, per batch, the fastest strategy that held it at every seed."""
+    lines = ["| global batch | strategy | peak lr | held the target | modelled time to the target per seed (s) | median (s) |",
+             "|---|---|---|---|---|---|"]
+    best = {}
+    for report in sorted(reports, key=lambda r: r["settings"]["global_batch"]):
+        batch = report["settings"]["global_batch"]
+        for name, r in report["strategies"].items():
+            times = times_to_target(report, name)
+            held = sorted(t for t in times if t is not None)
+            median = statistics.median(held) if held else None
+            lines.append(f"| {batch} | {name} | {peak_rate(name, batch):g} | {r['passed']} / {r['seeds']} | "
+                         f"{', '.join('-' if t is None else f'{t:.0f}' for t in times)} | "
+                         f"{'-' if median is None else f'{median:.0f}'} |")
+            if r["passed"] == r["seeds"] and (batch not in best or median < best[batch][1]):
+                best[batch] = (name, median)
+    lines.append("")
+    if best:
+        fastest = min(best, key=lambda b: best[b][1])
+        lines.append("Held at every recorded seed, the fastest per batch: " + "; ".join(
+            f"{b}: {name} ({seconds:.0f} s)" for b, (name, seconds) in sorted(best.items())) +
+            f". Fastest of all: {fastest}, {best[fastest][0]}.")
+    else:
+        lines.append("No strategy held the target at every recorded seed.")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the quick-mode run (3 short epochs): checks the code")
@@ -180,9 +228,15 @@ def main(argv=None) -> None:
     parser.add_argument("--json", metavar="PATH", help=f"where to write the results (full mode: {RESULTS})")
     parser.add_argument("--table", nargs="?", const=str(RESULTS), metavar="PATH",
                         help="print the README's table from a results file and exit")
+    parser.add_argument("--choices", nargs="+", metavar="PATH",
+                        help="print the README's comparison of global batches from results files and exit")
     args = parser.parse_args(argv)
     if args.table:
         print(table(json.loads(Path(args.table).read_text())))
+        return
+    if args.choices:
+        os.environ["COURSE_QUICK"] = "0"
+        print(choices([json.loads(Path(path).read_text()) for path in args.choices]))
         return
     os.environ["COURSE_QUICK"] = "1" if args.quick else "0"   # before assessment.settings is first imported
     from bench_assessment_strategies import learning_rate

@@ -516,8 +516,12 @@ def test_the_speed_rule_prices_steps_against_the_solutions_with_a_margin(monkeyp
     # Half the batch: 38 steps an epoch of 128 images, about 10% dearer per epoch here: epoch 13 holds, 14 does not
     assert criteria.modelled_seconds(38, 128) > criteria.modelled_seconds(19, 256)
     assert criteria.speed(12, 256)[0] and not criteria.speed(13, 256)[0]
-    # Four times the batch: 5 steps an epoch of 1024, cheaper per epoch
+    # Four times the batch: 5 steps an epoch of 1024, cheaper per epoch; a run that leaves out each epoch's last
+    # smaller batch (drop_last) is charged the 4 steps it took
     assert criteria.modelled_seconds(5, 1024) < criteria.modelled_seconds(19, 256)
+    assert criteria.steps_to_target(16, 2048, 9600, 2) == 85 and criteria.steps_to_target(16, 2048, 9600, 2, True) == 68
+    assert not criteria.speed(16, 2048)[0] and criteria.speed(16, 2048, drop_last=True)[0]
+    assert "after 68 optimizer steps" in criteria.speed(16, 2048, drop_last=True)[1]
     assert criteria.speed(None, 512) == (False, "the run that counts did not hold the target, so it has no time to the target")
 
 
@@ -576,6 +580,14 @@ def test_the_run_that_counts_is_judged_at_the_global_batch_its_command_line_gave
     for batch in (low - settings.WORKERS, high + settings.WORKERS, low + 1, 10 ** 30):
         with pytest.raises(ValueError, match=f"from {low} to {high}"):
             job.counted_global_batch(records(batch, batch))
+    with pytest.raises(ValueError, match="given alike"):   # digits Python reads but the course does not write
+        job.counted_global_batch(records("\uff11\uff12\uff18", "\uff11\uff12\uff18"))
+    # The learner's choice: any integer type is a whole number; anything else says what is wanted
+    import numpy as np
+    assert settings.check_global_batch(np.int64(low)) == low and type(settings.check_global_batch(np.int64(low))) is int
+    for wrong in (True, float(low), str(low), None):
+        with pytest.raises(ValueError, match="must be an integer"):
+            settings.check_global_batch(wrong)
 
 
 def test_restore_refuses_what_is_not_a_notebook_and_names_missing_cells(tmp_path):

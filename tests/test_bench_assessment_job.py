@@ -70,3 +70,44 @@ def test_readme_table_is_printed_from_the_results_file():
     readme = (ROOT / "benchmarks" / "README.md").read_text()
     assert table(json.loads(RECORDED.read_text())) in readme, \
         f"benchmarks/README.md's table differs: paste bench_assessment_job.py --table {RECORDED}"
+
+
+BATCH_FILES = sorted((ROOT / "benchmarks" / "results").glob("assessment_strategies_batch*.json"))
+
+
+def test_the_learners_batch_choices_are_recorded_with_the_real_job_and_judged_by_the_graders_rule():
+    """Every recorded batch choice (bench_assessment_job.py --global-batch): the full-mode run that counts at a
+    batch in the learner's range, at least 6 drawn seeds per strategy, each curve judged by criteria.target_held."""
+    from assessment import criteria
+    full = full_mode_settings()
+    code = ("import json; from assessment import settings as s; "
+            "print(json.dumps([s.MIN_GLOBAL_BATCH, s.MAX_GLOBAL_BATCH, s.WORKERS]))")
+    low, high, workers = json.loads(subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                                                   text=True, check=True, env={**os.environ, "COURSE_QUICK": "0"}).stdout)
+    assert BATCH_FILES, "no recorded batch choice in benchmarks/results/assessment_strategies_batch*.json"
+    for path in BATCH_FILES:
+        report = json.loads(path.read_text())
+        s = report["settings"]
+        assert s["quick"] is False and low <= s["global_batch"] <= high and s["workers"] == workers, path.name
+        assert {k: v for k, v in s.items() if k in full["run"] and k not in ("seed", "global_batch")} == \
+            {k: v for k, v in full["run"].items() if k not in ("seed", "global_batch")}, path.name
+        for name, entry in report["strategies"].items():
+            assert entry["seeds"] >= 6 and len(entry["curves"]) == entry["seeds"], (path.name, name)
+            ends = [None if first is None else first + 1
+                    for first, _ in (criteria.target_held(c, full["target"], full["floor"]) for c in entry["curves"])]
+            assert ends == entry["held_by_epoch"], (path.name, name)
+
+
+def test_readme_compares_the_batch_choices_from_the_results_files():
+    """benchmarks/README.md holds each batch file's table and the comparison printed from all of them (the speed
+    rule's modelled time to the target, from the step-cost table the grader uses now)."""
+    result = subprocess.run([sys.executable, "benchmarks/bench_assessment_job.py", "--choices", str(RECORDED),
+                             *map(str, BATCH_FILES)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    readme = (ROOT / "benchmarks" / "README.md").read_text()
+    assert result.stdout.strip() in readme, ("benchmarks/README.md's comparison differs: paste bench_assessment_job.py "
+                                             "--choices results/assessment_job.json results/assessment_strategies_batch*.json")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_assessment_job import table
+    for path in BATCH_FILES:
+        assert table(json.loads(path.read_text())) in readme, f"paste bench_assessment_job.py --table {path}"

@@ -184,6 +184,7 @@ def _assessment_secrets() -> list[str]:
 
 
 def test_the_learner_bundle_works_and_holds_none_of_the_assessments_secrets(tmp_path):
+    import os
     import subprocess
     import sys
     bundle = tmp_path / "bundle"
@@ -199,6 +200,13 @@ def test_the_learner_bundle_works_and_holds_none_of_the_assessments_secrets(tmp_
                  "assessment/assessment.ipynb", "assessment/job.py", "assessment/grade.py", "utils/release.py"):
         assert (bundle / name).is_file(), f"the bundle lacks {name}"
     assert all("BEGIN SOLUTION" not in p.read_text() for p in bundle.rglob("*.ipynb"))
+    # Every module and data file of the assessment goes, by folder: its rules work inside the bundle.
+    for path in (ROOT / "assessment").glob("*.*"):
+        assert path.suffix not in (".py", ".json") or (bundle / "assessment" / path.name).is_file(), path.name
+    done = subprocess.run([sys.executable, "-c", "from assessment import criteria, settings; print(criteria.speed("
+                           "settings.REFERENCE_EPOCHS - 1, settings.GLOBAL_BATCH))"], cwd=bundle, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(bundle)})
+    assert done.returncode == 0 and "True" in done.stdout, done.stderr[-2000:]
     # The instructors' and maintainers' guides stay out, and with them every word of what the grader does not catch.
     assert not (bundle / "TEACHING.md").exists() and not (bundle / "MAINTAINING.md").exists()
     learners = (ROOT / "README.md").read_text()
@@ -236,7 +244,7 @@ def test_the_graders_sandbox_view_has_no_judge_reference_grader_or_tests(tmp_pat
         assert hidden not in names
     assert not any(name.startswith(("tests/", "labs/")) for name in names)
     assert {"assessment/criteria.py", "assessment/job.py", "assessment/run_notebook.py", "assessment/settings.py",
-            "utils/checks/job_check.py", "utils/checks/job_probe.py"} <= names
+            "assessment/step_cost.json", "utils/checks/job_check.py", "utils/checks/job_probe.py"} <= names
 
 
 # The assessment leaves the learning-rate decision to the learner (lab 07 taught the options): no word

@@ -111,13 +111,13 @@ def source_notebooks(root: Path = COURSE_ROOT) -> list[Path]:
     return sorted(p for folder in SOURCE_FOLDERS for p in (root / folder).glob("*.ipynb"))
 
 
-# What the bundle holds besides the notebooks. The assessment's modules are the ones its notebook and
-# the self-check (`make grade` on one's own notebook) need; the grader's own modules are in the bundle,
-# where they grade a learner's own notebook, but never in the grader's sandbox.
+# What the bundle holds besides the notebooks. Every module and data file of the assessment folder (its notebook
+# and the self-check, `make grade` on one's own notebook, need them: a file left out once failed every grading);
+# the grader's own modules are in the bundle, where they grade a learner's own notebook, but never in the
+# grader's sandbox.
 BUNDLE_FILES = ("Makefile", "pyproject.toml", "environment.yml", "README.md", ".gitignore")
 BUNDLE_FOLDERS = ("utils",)
-ASSESSMENT_MODULES = ("__init__.py", "settings.py", "criteria.py", "job.py", "run_notebook.py", "supervised.py",
-                      "submission.py", "grade.py", "judging.py", "sandbox.py", "cgroups.py", "model_file.py")
+ASSESSMENT_SUFFIXES = (".py", ".json")   # its modules and what they read (the speed rule's step-cost table)
 GRADER_ONLY = ("grade.py", "judging.py", "sandbox.py", "cgroups.py", "model_file.py")   # left out of the sandbox's view
 # The library's own tests: none of them holds a lab's or the assessment's solution.
 BUNDLE_TESTS = ("conftest.py", "spawn_ranks.py", "test_batch_size.py", "test_collectives.py",
@@ -151,9 +151,9 @@ def write_release(out: Path, root: Path = COURSE_ROOT, lab_solutions: bool = Fal
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints")
     for folder in BUNDLE_FOLDERS:
         shutil.copytree(root / folder, staging / folder, ignore=ignore)
-    for name in ASSESSMENT_MODULES:
-        if not (for_grading and name in GRADER_ONLY) and (root / "assessment" / name).exists():
-            shutil.copy(root / "assessment" / name, staging / "assessment" / name)
+    for path in sorted((root / "assessment").iterdir()):
+        if path.is_file() and path.suffix in ASSESSMENT_SUFFIXES and not (for_grading and path.name in GRADER_ONLY):
+            shutil.copy(path, staging / "assessment" / path.name)
     if not for_grading:
         for name in BUNDLE_FILES:
             if (root / name).exists():
