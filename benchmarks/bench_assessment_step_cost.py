@@ -6,15 +6,16 @@ on one thread, at the assessment's image size and dropout) plus the all-reduce o
 ``settings.WORKERS`` processes, from lab 03's alpha-beta model of the ring. This script measures both on this
 machine and writes the table the rule reads, ``assessment/step_cost.json``:
 
-- compute: for each per-rank batch, ``--rounds`` rounds of ``--steps`` timed steps (after warm-up steps); the
-  median step of each round, then the median over the rounds (the rule interpolates between the batches);
+- compute: for each per-rank batch, ``--rounds`` rounds of ``--steps`` timed steps (after warm-up steps), the
+  batches taking turns within a round; the fastest step of each round, then the median over the rounds (the
+  rule interpolates between the batches);
 - communication: gloo's ``all_reduce`` between ``WORKERS`` spawned processes of one thread each, timed at message
   sizes around the gradients' size (``utils.collectives.sweep``), fitted to the ring's alpha-beta model
   (``utils.collectives.fit_alpha_beta``).
 
 Measure on an idle machine: the table fixes every grade's time to the target until it is measured again.
 
-    .venv/bin/python benchmarks/bench_assessment_step_cost.py [--rounds 5] [--steps 10] [--json PATH]
+    .venv/bin/python benchmarks/bench_assessment_step_cost.py [--rounds 15] [--steps 5] [--json PATH]
 """
 from __future__ import annotations
 
@@ -35,37 +36,41 @@ PER_RANK_BATCHES = (16, 32, 64, 128, 256, 512, 1024)
 MESSAGE_BYTES = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)
 
 
-def compute_seconds(batch: int, rounds: int, steps: int) -> float:
-    """Median over ``rounds`` of the median of ``steps`` timed training steps at ``batch`` (one thread)."""
+def compute_seconds(batches, rounds: int, steps: int) -> dict:
+    """{batch: seconds}: for each batch, the median over ``rounds`` of the fastest of ``steps`` timed training steps
+    (one thread). The batches take turns within each round, and the order flips every round, so that a slow
+    spell of the machine hits every batch alike."""
     import torch
     import torch.nn.functional as F
 
     from assessment import settings
     from utils import data, models
-    dataset = data.shapes(num_samples=10 * (batch // 5 + 20), seed=0, difficulty=settings.DIFFICULTY)
-    torch.manual_seed(0)
-    model = models.CNN(dataset.input_shape, dropout=settings.COUNTED_RUN["dropout"])
-    optimizer = torch.optim.SGD(model.parameters(), lr=settings.BASE_LR, momentum=settings.MOMENTUM)
-    x = torch.cat([dataset.x_train] * (batch // len(dataset.x_train) + 1))[:batch]
-    y = torch.cat([dataset.y_train] * (batch // len(dataset.y_train) + 1))[:batch]
+    dataset = data.shapes(num_samples=10 * (max(batches) // 5 + 20), seed=0, difficulty=settings.DIFFICULTY)
+    steppers = {}
+    for batch in batches:
+        torch.manual_seed(0)
+        model = models.CNN(dataset.input_shape, dropout=settings.COUNTED_RUN["dropout"])
+        optimizer = torch.optim.SGD(model.parameters(), lr=settings.BASE_LR, momentum=settings.MOMENTUM)
+        x, y = dataset.x_train[:batch], dataset.y_train[:batch]
 
-    def step():
-        loss = F.cross_entropy(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-
-    for _ in range(3):
-        step()
-    medians = []
-    for _ in range(rounds):
-        times = []
-        for _ in range(steps):
-            start = time.perf_counter()
+        def step(model=model, optimizer=optimizer, x=x, y=y):
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        for _ in range(3):
             step()
-            times.append(time.perf_counter() - start)
-        medians.append(statistics.median(times))
-    return statistics.median(medians)
+        steppers[batch] = step
+    medians = {batch: [] for batch in batches}
+    for round_ in range(rounds):
+        for batch in (batches if round_ % 2 == 0 else batches[::-1]):
+            times = []
+            for _ in range(steps):
+                start = time.perf_counter()
+                steppers[batch]()
+                times.append(time.perf_counter() - start)
+            medians[batch].append(min(times))    # noise only ever adds time: a round's fastest step is its cost
+    return {batch: statistics.median(values) for batch, values in medians.items()}
 
 
 def _all_reduce_worker(rank, world_size, port, sizes, repeats, results):
@@ -96,10 +101,9 @@ def measure(rounds: int, steps: int, repeats: int, progress=print) -> dict:
     from spawn import run_world
     from utils import collectives, models
     torch.set_num_threads(1)
-    compute = {}
-    for batch in PER_RANK_BATCHES:
-        compute[batch] = compute_seconds(batch, rounds, steps)
-        progress(f"per-rank batch {batch:>5}: {compute[batch] * 1e3:8.2f} ms per step")
+    compute = compute_seconds(list(PER_RANK_BATCHES), rounds, steps)
+    for batch, seconds in compute.items():
+        progress(f"per-rank batch {batch:>5}: {seconds * 1e3:8.2f} ms per step")
     rows = run_world(_all_reduce_worker, settings.WORKERS, (list(MESSAGE_BYTES), repeats), deadline_s=600)
     alpha, beta = collectives.fit_alpha_beta([r["n_bytes"] for r in rows], [r["seconds"] for r in rows],
                                              world_size=settings.WORKERS)
@@ -118,13 +122,30 @@ def measure(rounds: int, steps: int, repeats: int, progress=print) -> dict:
             "settings": {"rounds": rounds, "steps": steps, "all_reduce_repeats": repeats}}
 
 
+def summary(report: dict) -> str:
+    """The README's table (Markdown), from the step-cost table's contents."""
+    ring = report["all_reduce"]
+    lines = [f"{report['machine']}, {report['date']}: one thread per process; {report['step']}; all_reduce of "
+             f"{ring['gradient_bytes']} bytes of gradients between {report['workers']} processes ({ring['backend']}): "
+             f"alpha {ring['alpha_s'] * 1e6:.1f} us, beta {ring['beta_s_per_byte'] * 1e9:.3f} ns/byte.", "",
+             "| images per process | compute per step (ms) | per image (ms) |", "|---|---|---|"]
+    for batch, seconds in sorted((int(b), s) for b, s in report["compute_seconds"].items()):
+        lines.append(f"| {batch} | {seconds * 1e3:.1f} | {seconds * 1e3 / batch:.3f} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per round")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per round and batch")
     parser.add_argument("--repeats", type=int, default=30, help="timed all_reduce calls per size")
     parser.add_argument("--json", default=str(TABLE), metavar="PATH", help=f"where to write the table ({TABLE})")
+    parser.add_argument("--table", nargs="?", const=str(TABLE), metavar="PATH",
+                        help="print the README's table from a step-cost file and exit")
     args = parser.parse_args(argv)
+    if args.table:
+        print(summary(json.loads(Path(args.table).read_text())))
+        return
     import os
     os.environ["COURSE_QUICK"] = "0"   # the full assessment's images, before assessment.settings is first imported
     report = measure(args.rounds, args.steps, args.repeats, progress=lambda line: print(line, flush=True))

@@ -111,3 +111,11 @@ def test_readme_compares_the_batch_choices_from_the_results_files():
     from bench_assessment_job import table
     for path in BATCH_FILES:
         assert table(json.loads(path.read_text())) in readme, f"paste bench_assessment_job.py --table {path}"
+
+
+def test_readme_shows_the_step_cost_table_the_speed_rule_reads():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_assessment_step_cost import TABLE, summary
+
+    assert summary(json.loads(TABLE.read_text())) in (ROOT / "benchmarks" / "README.md").read_text(), \
+        "benchmarks/README.md's step-cost table differs: paste bench_assessment_step_cost.py --table"
