@@ -207,9 +207,12 @@ def choices(reports: list[dict]) -> str:
     lines.append("")
     if best:
         fastest = min(best, key=lambda b: best[b][1])
+        batches = [r["settings"]["global_batch"] for r in reports]
+        where = ("the smallest batch recorded" if fastest == min(batches) else "the largest batch recorded"
+                 if fastest == max(batches) else "neither the smallest nor the largest batch recorded")
         lines.append("Held at every recorded seed, the fastest per batch: " + "; ".join(
             f"{b}: {name} ({seconds:.0f} s)" for b, (name, seconds) in sorted(best.items())) +
-            f". Fastest of all: {fastest}, {best[fastest][0]}.")
+            f". Fastest of all: {fastest}, {best[fastest][0]}, {where}.")
     else:
         lines.append("No strategy held the target at every recorded seed.")
     return "\n".join(lines)
