@@ -69,6 +69,12 @@ def _run_and_wait(page, cell, timeout_s: float = 180) -> None:
     prompt = cell.locator(".jp-InputPrompt")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        dialog = page.locator(".jp-Dialog")
+        if dialog.count():   # on a loaded machine JupyterLab once asked for a kernel here, and the dialog took every click
+            text = dialog.first.inner_text()
+            assert "kernel" in text.lower(), f"JupyterLab showed a dialog: {text[:1000]}"
+            page.locator(".jp-Dialog .jp-mod-accept").first.click()   # its default: the notebook's own kernel
+            continue
         prompt.click()
         page.keyboard.press("Shift+Enter")
         resend = time.monotonic() + 60
