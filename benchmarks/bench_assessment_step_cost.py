@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import statistics
 import sys
 import time
@@ -146,7 +147,6 @@ def main(argv=None) -> None:
     if args.table:
         print(summary(json.loads(Path(args.table).read_text())))
         return
-    import os
     os.environ["COURSE_QUICK"] = "0"   # the full assessment's images, before assessment.settings is first imported
     report = measure(args.rounds, args.steps, args.repeats, progress=lambda line: print(line, flush=True))
     Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
