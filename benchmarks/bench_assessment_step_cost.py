@@ -75,7 +75,6 @@ def compute_seconds(batches, rounds: int, steps: int) -> dict:
 
 
 def _all_reduce_worker(rank, world_size, port, sizes, repeats, results):
-    import os
     import traceback
 
     import torch
