@@ -40,7 +40,7 @@ $(STAMP): pyproject.toml utils/etc/ipython_kernel_config.py
 	@touch $(STAMP)
 
 lab: $(STAMP)
-	$(BIN)/python -m utils.release --workspace $(WORKSPACE)
+	$(BIN)/python -m tooling.release --workspace $(WORKSPACE)
 	$(BIN)/jupyter lab --notebook-dir=$(WORKSPACE) $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 test: $(STAMP)
@@ -52,11 +52,11 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 release: $(STAMP)
-	$(BIN)/python -m utils.release --out build/release $(RELEASE_ARGS)
+	$(BIN)/python -m tooling.release --out build/release $(RELEASE_ARGS)
 
 # Every lab, then the assessment where it exists; the index links to the decks that `slides` built.
 course: $(STAMP) slides
-	$(BIN)/python -m utils.course --out build/course --index --slides build/slides labs/*.ipynb $(wildcard assessment/assessment.ipynb)
+	$(BIN)/python -m tooling.course --out build/course --index --slides build/slides labs/*.ipynb $(wildcard assessment/assessment.ipynb)
 
 # reveal.js comes from npm (slides/package-lock.json; `npm ci` runs when it is missing) and the
 # PDFs from headless Chromium; the build says what to install when either is missing.
@@ -65,4 +65,5 @@ slides: $(STAMP)
 
 grade: $(STAMP)
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=folder-of-notebooks [JOBS=2]"; exit 2; }
-	$(BIN)/python -m assessment.grade "$(SUBMISSIONS)" --jobs $(JOBS) --out build/grades $(GRADE_ARGS)
+	@test -d assessment/grader || { echo "The grader is the instructor's: it is not in the learner bundle. Run your notebook's check cells for feedback."; exit 2; }
+	$(BIN)/python -m assessment.grader.grade "$(SUBMISSIONS)" --jobs $(JOBS) --out build/grades $(GRADE_ARGS)

@@ -1,7 +1,7 @@
 """What the assessment grades: each criterion, its points, what it checks in the learner's words, and the two rules
 on the run that counts (``target_held``, ``speed``), which the grader and the notebook's own verdict share.
 
-The grader iterates this table (``assessment.grade``); the notebook prints it. The first three are
+The grader iterates this table (``assessment.grader.grade``); the notebook prints it. The first three are
 decided by running the learner's torchrun script on a tiny problem (``assessment.job``), the last two by
 evaluating the checkpoints of the run that counts on held-out images the grader draws at grading time.
 """

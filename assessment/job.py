@@ -1,7 +1,7 @@
 """The assessment's job: the learner's torchrun script, checked in the notebook and judged by the grader.
 
-The script is run the way lab 06's check runs its job (``utils.checks.job_check``): under
-``utils.checks.job_probe`` on a tiny problem, with a time limit, in four scenarios:
+The script is run the way lab 06's check runs its job (``utils.checks.job.check``): under
+``utils.checks.job.probe`` on a tiny problem, with a time limit, in four scenarios:
 
 - ``two``: 2 processes on one node;
 - ``three``: 3 processes on two simulated GPU nodes (2 + 1, so ``LOCAL_RANK`` differs from ``RANK``);
@@ -27,9 +27,9 @@ from assessment import supervised
 from utils.checks import Incorrect, NotSolved
 
 if TYPE_CHECKING:
-    from utils.checks.job_check import JobCheck
+    from utils.checks.job import JobCheck
 
-# torch (through utils.checks.job_check) is imported only where a check runs or judges: the grader's own process,
+# torch (through utils.checks.job.check) is imported only where a check runs or judges: the grader's own process,
 # which imports this module for the scenarios' names and files, never loads it (about 500 MB and 5 s less).
 
 # No module-level import of assessment.settings: it reads COURSE_QUICK when first imported, and the grader
@@ -51,7 +51,7 @@ MAX_OUTPUT = 200_000   # characters kept of a run's output (its end), before any
 
 def job_check(seed: int) -> JobCheck:
     """The check of exercise A.1 on the tiny problem, its sampler and model seeded with ``seed``."""
-    from utils.checks.job_check import REPLAYED_OPTIMIZER, JobCheck
+    from utils.checks.job import JobCheck, REPLAYED_OPTIMIZER
     job = {"epochs": JOB_EPOCHS, "global_batch": 12, "train_size": 100, "test_size": 60, "dropout": 0.5,
            "seed": seed, "difficulty": "standard"}
     return JobCheck("A.1", job, saved=SAVED, nodes=SCENARIOS["three"][0], refused_batch=REFUSED_BATCH,
@@ -175,7 +175,7 @@ def judge_counted_run(folder: Path, seed: int, checkpoints: Path, load_state=Non
     (``judge_provenance``) whether the checkpoints in the folder ``checkpoints`` (``load_state(path)`` reads one,
     or returns None; default: ``torch.load``, for the notebook's own run) come from that training. Its checkpoints count only then: a script that trains
     one way under the check and another in this run gets nothing for the second."""
-    from utils.checks.job_check import REPLAYED_OPTIMIZER, JobCheck
+    from utils.checks.job import JobCheck, REPLAYED_OPTIMIZER
 
     from . import settings
     try:
@@ -222,7 +222,7 @@ def counted_global_batch(records: dict) -> int:
 def counted_run_shape(folder: Path, seed: int) -> tuple[int, bool] | None:
     """(global batch, whether each epoch's last smaller batch was left out) of the run that counts whose records are
     in ``folder`` (a run ``judge_counted_run`` accepted), or None where the records do not show them."""
-    from utils.checks.job_check import REPLAYED_OPTIMIZER, JobCheck
+    from utils.checks.job import JobCheck, REPLAYED_OPTIMIZER
 
     from . import settings
     try:
@@ -248,8 +248,8 @@ def judge_provenance(check: JobCheck, records: dict, checkpoints: Path, load_sta
     import torch
 
     from utils import models
-    from utils.checks.job_check import _rank_batches
-    from utils.checks.job_probe import state_digest
+    from utils.checks.job.check import _rank_batches
+    from utils.checks.job.probe import state_digest
     from . import settings
 
     job, nproc = check.job, len(records)

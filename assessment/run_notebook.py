@@ -24,7 +24,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
 from assessment import supervised
-from utils.course import project_kernel_manager
+from tooling.course import project_kernel_manager
 
 OUTPUT_CAP = 2 << 20  # bytes of outputs kept per notebook
 EXIT_INCOMPLETE = 3   # some cell never ran (a cell timed out, the kernel died, the runner failed)

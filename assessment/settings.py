@@ -35,7 +35,7 @@ FLOOR = config.pick(quick=0.12, full=0.50)        # ... and the last checkpoint 
 # a trained model from an untrained one (chance is 0.10; the solution measured 0.19-0.27 after epochs 2-3).
 EVAL_SIZE = 2000                 # fresh held-out images the grader draws for every submission
 CHECKPOINT_DIR = "checkpoints"   # the run that counts: rank 0 saves the model there after every epoch (epoch_01.pt, ...)
-RECORD_DIR = "run_record"        # the run that counts: what each process did (utils.checks.job_probe), for the grader
+RECORD_DIR = "run_record"        # the run that counts: what each process did (utils.checks.job.probe), for the grader
 # Every setting the run that counts gives the script (so that the script's own defaults play no part).
 # Its seed (its shuffles, initial weights and dropout follow it): the grader draws one for each submission and gives
 # it through SEED_VARIABLE, so that no learner tunes on the graded run; a learner's own run takes COUNTED_SEED. The

@@ -81,7 +81,8 @@ def one_run(strategy: str, seed: int, eval_seed: int, folder: Path, global_batch
     """One run that counts: each checkpoint's accuracy on fresh images, the grader's verdict, its time."""
     import torch
 
-    from assessment import criteria, grade, settings
+    from assessment import criteria, settings
+    from assessment.grader import grade
     from utils import export
 
     name = run_name(strategy, optimizer)
@@ -122,8 +123,9 @@ def measure(strategies: list[str], seeds: list[int], progress=print, global_batc
     import nbformat
 
     import machine
-    from assessment import grade, settings
-    from assessment.submission import INSTRUCTOR
+    from assessment import settings
+    from assessment.grader import grade
+    from assessment.grader.submission import INSTRUCTOR
     from bench_assessment_strategies import machine_name
 
     runs = []

@@ -95,7 +95,7 @@ def solution_optimizer(parameters, global_batch: int, steps_per_epoch: int, epoc
     """The instructor edition's ``make_optimizer``, taken from the notebook's job script and run as written."""
     import nbformat
 
-    from assessment import grade
+    from assessment.grader import grade
     script = grade.job_script(nbformat.read(ROOT / "assessment" / "assessment.ipynb", as_version=4))
     names = {"__name__": "train_job"}                     # the script's definitions, not its main block
     exec(compile(script, "assessment.ipynb:train_job.py", "exec"), names)

@@ -4,7 +4,7 @@ Grades a folder of N copies of the instructor edition (correct submissions, the 
 every cell and every run of the script goes to its end) with ``--jobs 1`` and then ``--jobs J`` (unless J is 1),
 in the default (full) configuration unless ``--quick``, and checks that both CSVs are identical and give full
 marks. Reports seconds per submission for each and the speed-up (serial time / parallel time), and,
-beside them, the seconds of running the same notebook once headless (``utils.course``, as a learner's
+beside them, the seconds of running the same notebook once headless (``tooling.course``, as a learner's
 "run all", its check cell included): grading's overhead is the ratio of the two.
 
     .venv/bin/python benchmarks/bench_grade.py [--copies 2] [--jobs 2] [--quick] [--json PATH]
@@ -31,7 +31,7 @@ import machine  # noqa: E402
 
 def grade(folder: Path, out: Path, jobs: int, quick: bool) -> tuple[float, str]:
     """Seconds the whole batch took, and the grader's line on the isolation it used."""
-    command = [sys.executable, "-m", "assessment.grade", str(folder), "--out", str(out), "--jobs", str(jobs)]
+    command = [sys.executable, "-m", "assessment.grader.grade", str(folder), "--out", str(out), "--jobs", str(jobs)]
     start = time.perf_counter()
     done = subprocess.run(command + (["--quick"] if quick else []), cwd=ROOT, check=True, capture_output=True,
                           text=True)
@@ -40,8 +40,8 @@ def grade(folder: Path, out: Path, jobs: int, quick: bool) -> tuple[float, str]:
 
 
 def run_once(quick: bool, out: Path) -> float:
-    """Seconds to run the instructor edition once, headless, as ``utils.course`` does (no sandbox, no grader)."""
-    command = [sys.executable, "-m", "utils.course", "--no-html", "--out", str(out),
+    """Seconds to run the instructor edition once, headless, as ``tooling.course`` does (no sandbox, no grader)."""
+    command = [sys.executable, "-m", "tooling.course", "--no-html", "--out", str(out),
                str(ROOT / "assessment" / "assessment.ipynb")]
     start = time.perf_counter()
     subprocess.run(command[:3] + (["--quick"] if quick else []) + command[3:], cwd=ROOT, check=True,

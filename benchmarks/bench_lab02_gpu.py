@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_lab02_gpu.py
 
-Needs a CUDA GPU. Runs the measurements of ``utils.single_gpu`` (copy rates, when copies return,
+Needs a CUDA GPU. Runs the measurements of ``utils.labs.lab02`` (copy rates, when copies return,
 naive against synchronised timing, the cost of a sync point per step, throughput against batch size,
 the caching allocator's counters, a pinned and prefetched training loop) and writes
 benchmarks/results/lab02_gpu_<gpu name>.json with the machine, versions and date. Lab 02 shows the
@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from machine import describe, one_line  # noqa: E402
-from utils import single_gpu  # noqa: E402
+from utils.labs import lab02  # noqa: E402
 
 
 def main() -> None:
@@ -30,13 +30,13 @@ def main() -> None:
     device = torch.device("cuda:0")
     info = describe()
     record = {**info, "machine": one_line(info), "date": datetime.date.today().isoformat(),
-              **single_gpu.measure_all(device)}
+              **lab02.measure_all(device)}
     name = re.sub(r"[^a-z0-9]+", "_", torch.cuda.get_device_name(device).lower()).strip("_")
-    path = single_gpu.RESULTS / f"lab02_gpu_{name}.json"
+    path = lab02.RESULTS / f"lab02_gpu_{name}.json"
     path.write_text(json.dumps(record, indent=1))
-    for key in single_gpu.SECTIONS:
+    for key in lab02.SECTIONS:
         print(key)
-        single_gpu.print_table(record[key])
+        lab02.print_table(record[key])
     print(f"written to {path}")
 
 

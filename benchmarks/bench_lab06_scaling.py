@@ -4,7 +4,7 @@ pinned to a core of its own: the recorded runs the lab shows beside its live run
     .venv/bin/python benchmarks/bench_lab06_scaling.py --workers 1 2 4 8
     .venv/bin/python benchmarks/bench_lab06_scaling.py --workers 1 2 --quick --out /tmp/s.json   # tiny (shape only)
 
-The lab's own settings (utils.scaling: global batch 64 for strong scaling, 64 per worker for weak
+The lab's own settings (utils.labs.lab06: global batch 64 for strong scaling, 64 per worker for weak
 scaling, the CNN and the CNN with FC1 of 2048 units on 'shapes' images, full mode's 5 warm-up and 20
 timed steps of each, DDP step and bare step in turns) at each k given, one k after another: k gloo
 processes with one torch thread each, rank r pinned to core r, all of them in the group (no idle
@@ -47,7 +47,8 @@ def _worker(rank, world_size, port, settings, results):
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=300))
-        from utils import collectives, models, scaling
+        from utils import collectives, models
+        from utils.labs import lab06
 
         s = settings
         alpha = beta = None
@@ -60,11 +61,11 @@ def _worker(rank, world_size, port, settings, results):
         report = dict(workers=k, alpha=alpha, beta=beta, load_average=s["load_average"], models={})
         for name, options in s["models"].items():
             build = functools.partial(models.CNN, shape, **options)
-            mine = scaling.time_scaling(build, shape, 10, batches, torch.device("cpu"), warmup=s["warmup"],
+            mine = lab06.time_scaling(build, shape, 10, batches, torch.device("cpu"), warmup=s["warmup"],
                                         repeats=s["repeats"], ks=[k])
             every = [None] * world_size
             dist.all_gather_object(every, mine)
-            merged = scaling.slowest_steps(every)
+            merged = lab06.slowest_steps(every)
             grad_bytes = [q.numel() * q.element_size() for q in reversed(list(build().parameters()))]
             report["models"][name] = dict(grad_bytes=grad_bytes, **{
                 mode: dict(per_rank=batches[mode](k), ddp_steps=merged[(mode, k)]["ddp_steps"],
@@ -77,7 +78,8 @@ def _worker(rank, world_size, port, settings, results):
 
 
 def main() -> None:
-    from utils import data, scaling
+    from utils import data
+    from utils.labs import lab06
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, nargs="+", required=True, help="the k to time, e.g. 1 2 4 8")
@@ -89,14 +91,14 @@ def main() -> None:
         if k > cores:
             raise SystemExit(f"{k} workers on {cores} cores would take turns: their times would measure that; "
                              f"use a machine with {k} cores or more")
-        if scaling.GLOBAL_BATCH % k:
-            raise SystemExit(f"{k} workers do not divide the global batch {scaling.GLOBAL_BATCH}")
+        if lab06.GLOBAL_BATCH % k:
+            raise SystemExit(f"{k} workers do not divide the global batch {lab06.GLOBAL_BATCH}")
     if 1 not in args.workers:
         raise SystemExit("give 1 among the workers: every speed-up and prediction is relative to one worker")
     out = args.out or ROOT / "benchmarks" / "results" / f"lab06_scaling_{cores}core.json"
     shapes = data.load("shapes", train_size=64, test_size=16)
-    settings = dict(input_shape=list(shapes.input_shape), global_batch=scaling.GLOBAL_BATCH,
-                    per_rank=scaling.PER_RANK_BATCH, models=scaling.MODELS, sweep_bytes=scaling.SWEEP_BYTES,
+    settings = dict(input_shape=list(shapes.input_shape), global_batch=lab06.GLOBAL_BATCH,
+                    per_rank=lab06.PER_RANK_BATCH, models=lab06.MODELS, sweep_bytes=lab06.SWEEP_BYTES,
                     warmup=2 if args.quick else 5, repeats=4 if args.quick else 20)
     runs = []
     result = dict(benchmark="lab06_scaling", machine=machine.describe(), date=time.strftime("%Y-%m-%d"),

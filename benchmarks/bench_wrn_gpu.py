@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_wrn_gpu.py [--depth 16 --width 4 --batch 256 --steps 30 --epochs 15]
 
-Needs a CUDA GPU. Measures (``utils.gpu_speed``):
+Needs a CUDA GPU. Measures (``utils.labs.lab06``):
 - images per second of a training step in fp32, bf16 autocast, bf16 autocast + channels_last, and the
   last with each batch copied from host memory instead of kept on the device;
 - the time of a training epoch of the offline colour ``shapes`` set, sized like CIFAR-10 (50,000 training
@@ -28,7 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from machine import describe, one_line  # noqa: E402
-from utils import data, gpu_speed  # noqa: E402
+from utils import data  # noqa: E402
+from utils.labs import lab06
 
 TARGET = 0.75
 
@@ -51,15 +52,15 @@ def main() -> None:
         raise SystemExit("bench_wrn_gpu.py needs a CUDA GPU; this machine has none")
     device = torch.device("cuda")
     model = dict(depth=args.depth, width=args.width, batch=args.batch)
-    rows = gpu_speed.wrn_settings(device, (3, 32, 32), steps=args.steps, **model)
+    rows = lab06.wrn_settings(device, (3, 32, 32), steps=args.steps, **model)
     for row in rows:
         print(f"{row['setting']:<72} {row['images_per_s']:>10,.0f} images/s", flush=True)
 
     start = time.perf_counter()
     colour = data.shapes(num_samples=60000, size=32, channels=3, test_fraction=1 / 6)
     print(f"{colour} drawn in {time.perf_counter() - start:.1f} s", flush=True)
-    plain = gpu_speed.train_to_accuracy(colour, device, epochs=2, target=None, dtype=None, channels_last=False, **model)
-    lab = gpu_speed.train_to_accuracy(colour, device, epochs=args.epochs, target=TARGET, **model)
+    plain = lab06.train_to_accuracy(colour, device, epochs=2, target=None, dtype=None, channels_last=False, **model)
+    lab = lab06.train_to_accuracy(colour, device, epochs=args.epochs, target=TARGET, **model)
     for epoch in lab["epochs"]:
         print(f"epoch {epoch['epoch']:>2}: {epoch['train_s']:6.1f} s of training, validation accuracy "
               f"{epoch['val_accuracy']:.3f}", flush=True)
@@ -76,7 +77,7 @@ def main() -> None:
               "model": f"WRN-{args.depth}-{args.width}, batch {args.batch}",
               "epoch_s": epochs, "target": TARGET, "time_to_accuracy": lab}
     name = re.sub(r"[^a-z0-9]+", "_", torch.cuda.get_device_name().lower()).strip("_")
-    path = gpu_speed.RESULTS / f"wrn_gpu_{name}.json"
+    path = lab06.RESULTS / f"wrn_gpu_{name}.json"
     path.write_text(json.dumps(record, indent=1))
     print(f"written to {path}")
 

@@ -75,23 +75,23 @@ def draw_lab06_scaling(path: Path | None = None, results: Path = RESULTS) -> Pat
     import matplotlib
     matplotlib.use("Agg")
     sys.path.insert(0, str(results.parent.parent))
-    from utils import scaling
+    from utils.labs import lab06
 
-    records = [dict(json.loads(path.read_text()), file=path.name)] if path else scaling.recorded_runs(results)
+    records = [dict(json.loads(path.read_text()), file=path.name)] if path else lab06.recorded_runs(results)
     if not records:
         raise SystemExit("no benchmarks/results/lab06_scaling_*.json: run benchmarks/bench_lab06_scaling.py first")
     record = records[-1]
     target = results / "figures" / file_name("06_realistic_model.ipynb", "scaling")
     target.parent.mkdir(parents=True, exist_ok=True)
-    scaling.plot_recorded(record).savefig(target, dpi=100)
-    ks, throughput, predicted, _ = scaling.recorded_curves(record)
+    lab06.plot_recorded(record).savefig(target, dpi=100)
+    ks, throughput, predicted, _ = lab06.recorded_curves(record)
     printed = "\n".join(f"{label}: " + ", ".join(f"k={k} {m:,.0f} (predicted {q:,.0f})" for k, m, q in
                                                 zip(ks, throughput[label], predicted[label])) + " images/s"
                         for label in throughput)
     index_path = results / "lab_figures.json"
     index = json.loads(index_path.read_text()) if index_path.exists() else {}
     index[target.name] = dict(notebook="06_realistic_model.ipynb", figure="scaling", mode=f"recorded: {record['file']}",
-                              machine=scaling.describe_record(record, date=False), date=record["date"], printed=printed)
+                              machine=lab06.describe_record(record, date=False), date=record["date"], printed=printed)
     index_path.write_text(json.dumps(dict(sorted(index.items())), indent=2) + "\n")
     return target
 

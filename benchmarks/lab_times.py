@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/lab_times.py --labs 06       # only the labs whose names start so
                                                              # (the others keep their recorded times)
 
-Each notebook runs headless in a fresh process (python -m utils.course). The minutes go to
+Each notebook runs headless in a fresh process (python -m tooling.course). The minutes go to
 benchmarks/results/lab_times.json with the machine's description, and the table between the
 course-map markers in README.md is rewritten from that file (tests check they agree). A full-mode run
 also records the figures the lab's deck shows (benchmarks/lab_figures.py).
@@ -35,7 +35,7 @@ BEGIN, END = "<!-- course-map:begin -->", "<!-- course-map:end -->"
 def time_notebook(path: Path, quick: bool) -> float:
     """Seconds the notebook takes headless; a full-mode run also records the figures its deck shows."""
     with tempfile.TemporaryDirectory() as out:
-        command = [sys.executable, "-m", "utils.course", "--no-html", "--out", out, str(path)]
+        command = [sys.executable, "-m", "tooling.course", "--no-html", "--out", out, str(path)]
         env = dict(os.environ, COURSE_QUICK="1" if quick else "0")
         start = time.perf_counter()
         result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)

@@ -164,9 +164,9 @@ def figures() -> dict:
         return plotting.plot_lab_times(_recorded("lab_times.json")["labs"])
 
     def gpu_settings():
-        from utils import gpu_speed
+        from utils.labs import lab06
 
-        run = gpu_speed.recorded_runs(RESULTS)[-1]  # the newest recorded GPU run
+        run = lab06.recorded_gpu_runs(RESULTS)[-1]  # the newest recorded GPU run
         return plotting.plot_gpu_settings(run["rows"], _machine(run))
 
     def buckets(cap_mb):

@@ -2,7 +2,7 @@
 
 Each `draw_*` returns the SVG text. What a collective leaves on each rank comes from `collective`,
 the sampler's shards from torch's own `DistributedSampler`, DDP's buckets from
-`utils.scaling.ddp_bucket_bytes` (the rule torch applies). Text is plain SVG text in the browser's
+`utils.ddp_timing.ddp_bucket_bytes` (the rule torch applies). Text is plain SVG text in the browser's
 sans-serif font, so nothing is fetched.
 """
 from __future__ import annotations
@@ -133,8 +133,8 @@ def draw_sampler_shards(n: int = 10, replicas: int = 3) -> str:
 
 def draw_buckets(param_bytes: list[int], names: list[str], cap_mb: float | None) -> str:
     """Gradients in the order backward produces them, grouped into DDP's buckets by
-    utils.scaling.ddp_bucket_bytes with ``bucket_cap_mb=cap_mb``."""
-    from utils.scaling import ddp_bucket_bytes
+    utils.ddp_timing.ddp_bucket_bytes with ``bucket_cap_mb=cap_mb``."""
+    from utils.ddp_timing import ddp_bucket_bytes
 
     buckets = ddp_bucket_bytes(param_bytes, cap_mb)
     total = sum(param_bytes)

@@ -75,9 +75,9 @@ def _ddp(name: str, prefix: str, out: dict) -> None:
 
 
 def _buckets(out: dict) -> None:
-    """How many buckets DDP makes for the recorded MLPs (utils.scaling.ddp_bucket_bytes, torch's rule)."""
+    """How many buckets DDP makes for the recorded MLPs (utils.ddp_timing.ddp_bucket_bytes, torch's rule)."""
     from utils.models import mlp_layer_shapes
-    from utils.scaling import ddp_bucket_bytes
+    from utils.ddp_timing import ddp_bucket_bytes
 
     for name, model in recorded("ddp_xeon16.json")["settings"]["models"].items():
         grads = [4 * fan_in * fan_out for fan_in, fan_out in mlp_layer_shapes(**model)[::-1]]

@@ -8,8 +8,13 @@ home's top level or its IPython and Jupyter folders changed.
 import atexit
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
+
+# tests/library/ holds the library's own tests and their helper (spawn_ranks), which the learner bundle ships;
+# the course's other tests import that helper too, whichever file pytest collects first.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "library"))
 
 REAL_HOME = Path(os.path.expanduser("~")).resolve()
 WATCHED = (".ipython", ".jupyter", ".local/share/jupyter")

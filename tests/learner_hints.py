@@ -6,7 +6,7 @@ from pathlib import Path
 
 import nbformat
 
-from utils import release
+from tooling import release
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""Runs a notebook through `python -m utils.course` in its own process group, with a timeout."""
+"""Runs a notebook through `python -m tooling.course` in its own process group, with a timeout."""
 from __future__ import annotations
 
 import os
@@ -18,7 +18,7 @@ def run_notebook(path: Path, out: Path, *, allow_errors: bool = False, timeout: 
     """Execute ``path`` in quick mode; return (completed process, executed notebook or None).
 
     ``env`` adds settings (such as ``COURSE_CORES``) to the notebook's environment."""
-    command = [sys.executable, "-m", "utils.course", "--quick", "--no-html", "--out", str(out), str(path)]
+    command = [sys.executable, "-m", "tooling.course", "--quick", "--no-html", "--out", str(out), str(path)]
     if allow_errors:
         command.append("--allow-errors")
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -21,11 +21,10 @@ import textwrap
 import nbformat
 import pytest
 
-from assessment import grade as grade_module
-from assessment import sandbox
+from assessment.grader import grade as grade_module, sandbox
 from assessment.criteria import CRITERIA
-from assessment.submission import INSTRUCTOR, SubmissionError, owned_cells, restore
-from utils.release import learner_notebook
+from assessment.grader.submission import INSTRUCTOR, SubmissionError, owned_cells, restore
+from tooling.release import learner_notebook
 
 ROOT = INSTRUCTOR.parent.parent
 FULL = sum(points for points, _ in CRITERIA.values())
@@ -85,7 +84,7 @@ import glob, json, os, sys
 json.dump({"accuracy": 0.99}, open("metrics.json", "w"))
 open("grades.csv", "w").write("submission,total\\ncheater,999\\n")
 try:
-    from assessment import grade        # the grader: not in the sandbox
+    from assessment.grader import grade        # the grader: not in the sandbox
     grade.judge_checkpoints = lambda *args: (True, "passed")
 except ImportError:
     pass
@@ -269,7 +268,7 @@ def write_batch(folder, submissions: dict):
 
 
 def grade(folder, out, jobs: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "assessment.grade", str(folder), "--out", str(out),
+    return subprocess.run([sys.executable, "-m", "assessment.grader.grade", str(folder), "--out", str(out),
                            "--jobs", str(jobs), *GRADER_ARGS], cwd=ROOT, capture_output=True, text=True,
                           timeout=3600)
 
@@ -613,7 +612,7 @@ def test_the_script_is_the_job_cell_without_its_writefile_line():
 
 
 def test_the_command_line_refuses_a_missing_folder(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "assessment.grade", str(tmp_path / "nowhere")], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "assessment.grader.grade", str(tmp_path / "nowhere")], cwd=ROOT,
                           capture_output=True, text=True)
     assert done.returncode == 2 and "is not a folder" in done.stderr
 
@@ -666,7 +665,7 @@ def test_the_executed_notebook_is_the_runs_own_without_active_content(graded):
 
 def test_judging_runs_in_a_child_with_its_own_limits(tmp_path):
     """Reading a submission happens in a child process; past its time or memory it stops with a clear reason."""
-    from assessment import judging
+    from assessment.grader import judging
     nbformat.write(instructor(), tmp_path / "a.ipynb")
     args = (str(tmp_path / "a.ipynb"), str(tmp_path / "run.ipynb"), str(tmp_path / "job.py"))
     assert judging.call("prepare", *args)["refused"] == "" and "DistributedSampler" in (tmp_path / "job.py").read_text()
@@ -717,7 +716,8 @@ def test_the_run_that_counts_gets_the_graders_seed(tmp_path, monkeypatch):
     """The seed reaches the notebook's environment and the judgement of the run's records, and the feedback names it:
     one drawn for each submission by default, the one given with --counted-seed otherwise."""
     import argparse
-    from assessment import judging, settings
+    from assessment import settings
+    from assessment.grader import judging
     given, judged = [], []
     monkeypatch.setattr(sandbox, "run", lambda command, work, keep, out, limits, env, *rest:
                         given.append(env.get(settings.SEED_VARIABLE)) or sandbox.Result(0, False, 1.0, "none"))

@@ -7,8 +7,9 @@ from __future__ import annotations
 import nbformat
 import pytest
 
-from assessment import grade, job
-from assessment.submission import INSTRUCTOR
+from assessment import job
+from assessment.grader import grade
+from assessment.grader.submission import INSTRUCTOR
 from check_helpers import edited_script, fails
 from utils.checks import Incorrect
 
@@ -91,7 +92,7 @@ def test_importing_the_grader_reads_no_settings_before_its_quick_option_is_set()
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "COURSE_QUICK"}
-    done = subprocess.run([sys.executable, "-c", "import sys, assessment.grade; print('assessment.settings' in sys.modules)"],
+    done = subprocess.run([sys.executable, "-c", "import sys, assessment.grader.grade; print('assessment.settings' in sys.modules)"],
                           capture_output=True, text=True, env=env, cwd=INSTRUCTOR.parent.parent, timeout=120)
     assert done.stdout.strip() == "False", done.stderr
 
@@ -143,7 +144,7 @@ from assessment import job, settings
 from utils import export
 seed = settings.counted_seed()    # as the notebook's run that counts takes it
 options = {**settings.counted_run(seed), "out": "checkpoints"}
-result = export.run(["-m", "utils.checks.job_probe", sys.argv[1], *(f"--{k.replace('_', '-')}={v}" for k, v in options.items())],
+result = export.run(["-m", "utils.checks.job.probe", sys.argv[1], *(f"--{k.replace('_', '-')}={v}" for k, v in options.items())],
                     settings.WORKERS, cwd=".", threads=1, env={"COURSE_PROBE_DIR": "records", "COURSE_PROBE_CALLS_ONLY": "1"},
                     timeout=400)
 print(json.dumps({"code": result.code, "verdict": job.judge_counted_run(Path("records"), seed, Path("checkpoints")), "output": result.output[-2000:]}))
@@ -267,7 +268,7 @@ def test_the_replay_takes_torchs_and_the_courses_optimizers_but_none_that_runs_t
     import torch
 
     from utils import optim
-    from utils.checks.job_check import _optimizer_class
+    from utils.checks.job.check import _optimizer_class
     assert _optimizer_class("torch.optim.sgd.SGD") is torch.optim.SGD
     assert _optimizer_class("utils.optim.LAMB") is optim.LAMB and _optimizer_class("utils.optim.NovoGrad") is optim.NovoGrad
     assert _optimizer_class("torch.optim.lbfgs.LBFGS") is None      # its closure: several passes per step

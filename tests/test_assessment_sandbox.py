@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from assessment import sandbox
+from assessment.grader import sandbox
 
 MODE = sandbox.isolation_mode()
 needs_namespaces = pytest.mark.skipif(MODE == "none", reason=f"no boundary here: {sandbox.why_none()}")
@@ -284,7 +284,7 @@ def test_a_sandbox_that_cannot_start_says_why_instead_of_a_timeout(tmp_path):
 
 def test_without_the_boundary_nothing_untrusted_is_graded(tmp_path):
     """The grader refuses (and says what to install) where bwrap cannot make the boundary."""
-    from assessment import grade
+    from assessment.grader import grade
     (tmp_path / "subs").mkdir()
     (tmp_path / "subs" / "x.ipynb").write_text("{}")
     saved = list(sandbox._MODE)

@@ -1,5 +1,5 @@
-"""The grader's readers of files a submission controls: the saved model (assessment.model_file) and the
-notebook (assessment.submission.read). Every bad file is refused with its own message, and nothing but
+"""The grader's readers of files a submission controls: the saved model (assessment.grader.model_file) and the
+notebook (assessment.grader.submission.read). Every bad file is refused with its own message, and nothing but
 ModelFileError / SubmissionError ever comes out.
 
 Loading a model file starts a child that imports torch (3-10 s on a busy 2-core machine), so only what
@@ -21,12 +21,11 @@ import nbformat
 import psutil
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
-from assessment import model_file
-from assessment.model_file import ModelFileError, load_state_dict
-from assessment.submission import INSTRUCTOR, Submission, SubmissionError, owned_cells, read, restore
+from assessment.grader import model_file
+from assessment.grader.model_file import ModelFileError, load_state_dict
+from assessment.grader.submission import INSTRUCTOR, Submission, SubmissionError, owned_cells, read, restore
 from utils.models import CNN
 
 GIB = 1 << 30
@@ -489,7 +488,7 @@ def test_records_the_script_forged_or_broke_fail_the_criterion_with_a_reason(tmp
 
 def test_a_tiny_jobs_checkpoint_is_loaded_as_untrusted_input(tmp_path):
     """A zip bomb saved by the script's rank 0 is refused by model_file before it expands."""
-    from assessment import grade
+    from assessment.grader import grade
     entries = [(f"archive/data/{i}", zipfile.ZIP_DEFLATED, deflated_zeros(256), 256 << 20) for i in range(8)]
     write_zip(tmp_path / "bomb.pt", [("archive/data.pkl", zipfile.ZIP_STORED, b"x", 1), *entries])
     from utils.checks import Incorrect
@@ -536,7 +535,8 @@ def _model(accuracy):
 
 
 def test_one_model_under_every_name_is_one_evaluation_not_two(tmp_path, monkeypatch, checks_in_process):
-    from assessment import grade, settings
+    from assessment import settings
+    from assessment.grader import grade
     monkeypatch.setattr(settings, "EPOCHS", 4)   # the rule, not the count
     monkeypatch.setattr(grade, "accuracy_on_fresh_images", _accuracy_by_first_weight)
     good = _model(0.99)
@@ -548,7 +548,8 @@ def test_one_model_under_every_name_is_one_evaluation_not_two(tmp_path, monkeypa
 
 
 def test_refused_checkpoints_say_why_and_missing_ones_break_the_run(tmp_path, monkeypatch, checks_in_process):
-    from assessment import grade, settings
+    from assessment import settings
+    from assessment.grader import grade
     monkeypatch.setattr(settings, "EPOCHS", 4)   # the rule, not the count
     monkeypatch.setattr(grade, "accuracy_on_fresh_images", _accuracy_by_first_weight)
     wrapped = [{f"module.{k}": v for k, v in _model(0.9).items()}] * settings.EPOCHS
@@ -564,7 +565,8 @@ def test_refused_checkpoints_say_why_and_missing_ones_break_the_run(tmp_path, mo
 
 def test_a_run_that_reaches_the_target_and_then_collapses_has_not_held_it(tmp_path, monkeypatch, checks_in_process):
     """Recorded: linear scaling with warm-up, seed 4, was over the target for epochs and ended at chance."""
-    from assessment import criteria, grade, settings
+    from assessment import criteria, settings
+    from assessment.grader import grade
     monkeypatch.setattr(settings, "EPOCHS", 4)
     monkeypatch.setattr(grade, "accuracy_on_fresh_images", _accuracy_by_first_weight)
     above, chance = settings.TARGET + 0.05, 0.1
@@ -584,8 +586,8 @@ def test_checkpoints_not_from_the_recorded_training_are_refused_with_their_own_m
     tests/test_assessment_job.py): a run's records and checkpoints made to agree pass; a checkpoint rewritten
     after its save, one no torch.save wrote, and input sums that are not numbers are each refused."""
     from assessment import job, settings
-    from utils.checks.job_check import REPLAYED_OPTIMIZER, JobCheck, _rank_batches
-    from utils.checks.job_probe import state_digest
+    from utils.checks.job.check import JobCheck, REPLAYED_OPTIMIZER, _rank_batches
+    from utils.checks.job.probe import state_digest
 
     seed = 3
     check = JobCheck("the run that counts", settings.counted_run(seed), optimizer=REPLAYED_OPTIMIZER,
@@ -640,7 +642,7 @@ def test_the_probes_digest_never_fails_a_save_whatever_is_saved(tmp_path):
     """The probe digests whatever a script saves (an outside test saved sparse weights, and its save then raised in
     the probe): anything but a dict of dense tensors named by strings has no digest; weights and the file they were
     saved to have the same one."""
-    from utils.checks.job_probe import state_digest
+    from utils.checks.job.probe import state_digest
     state = cnn_state()
     torch.save(state, tmp_path / "w.pt")
     assert state_digest(state) == state_digest(torch.load(tmp_path / "w.pt", weights_only=True)) is not None

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from notebook_runner import ROOT
-from utils import config, scaling
+from utils import config
+from utils.labs import lab06
 
 
 @pytest.mark.skipif(config.real_cores() < 2, reason="two workers need two cores")
@@ -21,14 +22,14 @@ def test_bench_lab06_scaling_tiny(tmp_path):
     assert [r["workers"] for r in record["runs"]] == [1, 2]
     one, two = record["runs"]
     assert one["alpha"] is None and two["alpha"] >= 0 and two["beta"] >= 0 and len(two["load_average"]) == 3
-    for name in scaling.MODELS:
+    for name in lab06.MODELS:
         # k = 1: strong and weak scaling are the same step, timed once
         assert one["models"][name]["weak"]["same_run_as"] == "strong"
         assert one["models"][name]["weak"]["ddp_steps"] == one["models"][name]["strong"]["ddp_steps"]
         assert two["models"][name]["strong"]["per_rank"] == 32 and two["models"][name]["weak"]["per_rank"] == 64
         assert len(two["models"][name]["weak"]["ddp_steps"]) == record["settings"]["repeats"]
     record["file"] = out.name
-    ks, throughput, predicted, _ = scaling.recorded_curves(record)
+    ks, throughput, predicted, _ = lab06.recorded_curves(record)
     assert ks == [1, 2] and all(v > 0 for rates in (*throughput.values(), *predicted.values()) for v in rates)
 
 
@@ -44,7 +45,7 @@ def _tiny_record(cores):
         return dict(per_rank=per_rank, ddp_steps=ddp, compute_steps=compute)
 
     models = lambda k: {name: dict(grad_bytes=[4000, 400], strong=entry(64 // k, [10.0 / k + 1] * 3, [9.0 / k] * 3),
-                                   weak=entry(64, [11.0] * 3, [9.0] * 3)) for name in scaling.MODELS}
+                                   weak=entry(64, [11.0] * 3, [9.0] * 3)) for name in lab06.MODELS}
     return dict(benchmark="lab06_scaling", machine=dict(cpu=f"cpu{cores}", cores=cores, torch="t"), date="2026-11-28",
                 complete=True, runs=[dict(workers=k, alpha=1e-5 if k > 1 else None, beta=1e-9 if k > 1 else None,
                                           load_average=[0.2, 0.1, 0.1], models=models(k)) for k in (1, 2)])
@@ -67,7 +68,7 @@ def test_deck_figure_is_drawn_from_the_recording_with_most_cores_and_indexed_wit
     nb = nbformat.read(ROOT / "labs" / "06_realistic_model.ipynb", as_version=4)
     cell = lab_figures.marked(nb)["scaling"]
     assert cell.metadata["course"]["recorded_by"] == "benchmarks/bench_lab06_scaling.py"
-    assert "scaling.plot_recorded" in cell.source
+    assert "lab.plot_recorded" in cell.source
     for drawn in lab_figures.marked(nb).values():
         drawn.outputs = [nbformat.v4.new_output("display_data", data={"image/png": "iVBORw0KGgo="})]
     before = written.read_bytes()

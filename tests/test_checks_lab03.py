@@ -13,7 +13,8 @@ import pytest
 from ipyparallel import interactive
 
 from notebook_runner import ROOT
-from utils import cluster, release
+from utils import cluster
+from tooling import release
 from utils.checks import Incorrect, NotSolved, lab03
 
 pytestmark = pytest.mark.timeout(600)

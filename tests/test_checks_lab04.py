@@ -15,7 +15,8 @@ from ipyparallel import interactive
 
 from check_helpers import fails
 from notebook_runner import ROOT
-from utils import cluster, release
+from utils import cluster
+from tooling import release
 from utils.checks import Incorrect, NotSolved, lab04
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -547,7 +548,7 @@ def test_checks_need_the_running_cluster(workers):
 # --- 4.4 predict_comm (no cluster: a plain function) ---------------------------------------
 
 def predict_comm(grad_bytes, k, alpha, beta):
-    from utils.scaling import ddp_bucket_bytes
+    from utils.ddp_timing import ddp_bucket_bytes
 
     buckets = ddp_bucket_bytes(grad_bytes)
     return len(buckets), 1e3 * sum(2 * (k - 1) * alpha + 2 * (k - 1) / k * n * beta for n in buckets)
@@ -559,28 +560,28 @@ def predict_in_seconds(grad_bytes, k, alpha, beta):
 
 
 def predict_one_all_reduce(grad_bytes, k, alpha, beta):
-    from utils.scaling import ddp_bucket_bytes
+    from utils.ddp_timing import ddp_bucket_bytes
 
     n = sum(grad_bytes)
     return len(ddp_bucket_bytes(grad_bytes)), 1e3 * (2 * (k - 1) * alpha + 2 * (k - 1) / k * n * beta) if n else 0.0
 
 
 def predict_half_ring(grad_bytes, k, alpha, beta):
-    from utils.scaling import ddp_bucket_bytes
+    from utils.ddp_timing import ddp_bucket_bytes
 
     buckets = ddp_bucket_bytes(grad_bytes)
     return len(buckets), 1e3 * sum((k - 1) * alpha + (k - 1) / k * n * beta for n in buckets)
 
 
 def predict_alpha_once(grad_bytes, k, alpha, beta):
-    from utils.scaling import ddp_bucket_bytes
+    from utils.ddp_timing import ddp_bucket_bytes
 
     buckets = ddp_bucket_bytes(grad_bytes)
     return len(buckets), 1e3 * sum(alpha + 2 * (k - 1) / k * n * beta for n in buckets)
 
 
 def predict_whole_message_per_step(grad_bytes, k, alpha, beta):
-    from utils.scaling import ddp_bucket_bytes
+    from utils.ddp_timing import ddp_bucket_bytes
 
     buckets = ddp_bucket_bytes(grad_bytes)
     return len(buckets), 1e3 * sum(2 * (k - 1) * alpha + n * beta for n in buckets)
@@ -591,7 +592,7 @@ def predict_bucket_per_gradient(grad_bytes, k, alpha, beta):
 
 
 def predict_with_the_library(grad_bytes, k, alpha, beta):
-    from utils.scaling import ddp_bucket_bytes, predicted_comm_seconds
+    from utils.ddp_timing import ddp_bucket_bytes, predicted_comm_seconds
 
     return len(ddp_bucket_bytes(grad_bytes)), 1e3 * predicted_comm_seconds(grad_bytes, k, alpha, beta)
 

@@ -19,7 +19,8 @@ import torch.distributed as dist
 from torch import nn
 
 from check_helpers import fails
-from utils import cluster, ddp, release
+from utils import cluster, ddp
+from tooling import release
 from utils.checks import Incorrect, NotSolved, lab05
 from utils.config import COURSE_ROOT
 

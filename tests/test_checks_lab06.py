@@ -13,7 +13,7 @@ import pytest
 
 from check_helpers import edited_script, fails
 from notebook_runner import ROOT
-from utils import release
+from tooling import release
 from utils.checks import Incorrect, NotSolved, lab06
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -395,12 +395,12 @@ def test_the_labs_worker_count_divides_the_global_batch_on_any_core_count():
              for line in c.source.splitlines()]
     wanted = [next(line for line in lines if line.startswith(start))
               for start in ("KS = ", "N = ", "JOB = dict(", "GLOBAL, ")]
-    from utils import scaling
+    from utils.labs import lab06 as lab
 
     for quick in (True, False):
         for cores in range(1, 65):
             names = {"config": SimpleNamespace(pick=lambda q, f: q if quick else f), "CORES": cores,
-                     "TRAIN_SIZE": 1, "TEST_SIZE": 1, "scaling": scaling}
+                     "TRAIN_SIZE": 1, "TEST_SIZE": 1, "lab": lab}
             exec("\n".join(wanted), names)
             for nproc in {1, 2, names["N"]}:
                 assert names["JOB"]["global_batch"] % nproc == 0, (quick, cores, nproc)

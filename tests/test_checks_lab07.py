@@ -13,7 +13,7 @@ import torch
 
 from check_helpers import fails
 from learner_hints import ROOT, learner_cells_hold_no_hint
-from utils import landscape
+from utils.labs import lab07 as lab
 from utils.checks import Incorrect, NotSolved, lab07
 
 
@@ -279,11 +279,11 @@ def test_warmup_cases_hold_fractional_ratios_and_a_batch_below_the_base():
 # --- 7.3 filter normalisation ----------------------------------------------------------------------------
 
 def test_filter_normalize_reference_passes():
-    lab07.check_filter_normalize(landscape.filter_normalize)
+    lab07.check_filter_normalize(lab.filter_normalize)
 
 
 def test_filter_normalize_accepts_a_tuple():
-    lab07.check_filter_normalize(lambda direction, model: tuple(landscape.filter_normalize(direction, model)))
+    lab07.check_filter_normalize(lambda direction, model: tuple(lab.filter_normalize(direction, model)))
 
 
 def whole_tensor(direction, model):
@@ -292,7 +292,7 @@ def whole_tensor(direction, model):
 
 
 def keeps_biases(direction, model):
-    out = landscape.filter_normalize(direction, model)
+    out = lab.filter_normalize(direction, model)
     return [d.clone() if w.dim() <= 1 else o for d, o, w in zip(direction, out, model.parameters())]
 
 
@@ -309,18 +309,18 @@ def divides_by_zero(direction, model):
 
 
 def in_place(direction, model):
-    for d, n in zip(direction, landscape.filter_normalize(direction, model)):
+    for d, n in zip(direction, lab.filter_normalize(direction, model)):
         d.copy_(n)
     return direction
 
 
 def lazily_in_place(direction, model):
     """A generator: it writes into the direction only when the check reads the result."""
-    return (d.copy_(n) for d, n in zip(direction, landscape.filter_normalize(direction, model)))
+    return (d.copy_(n) for d, n in zip(direction, lab.filter_normalize(direction, model)))
 
 
 def changes_the_weights(direction, model):
-    out = landscape.filter_normalize(direction, model)
+    out = lab.filter_normalize(direction, model)
     with torch.no_grad():
         for w in model.parameters():
             w.mul_(1.5)
@@ -344,7 +344,7 @@ def paired_with_state_dict(direction, model):
 
 
 def half_precision(direction, model):
-    return [t.half() for t in landscape.filter_normalize(direction, model)]
+    return [t.half() for t in lab.filter_normalize(direction, model)]
 
 
 @pytest.mark.parametrize("wrong, message", [
@@ -514,7 +514,7 @@ def test_no_hint_or_task_writes_the_formula_the_learner_derives():
     import nbformat
 
     nb = nbformat.read(ROOT / "labs" / "07_batch_size.ipynb", as_version=4)
-    from utils import release
+    from tooling import release
     learner = "\n".join(release.learner_notebook(nb).cells[i].source for i in range(len(nb.cells)))
     for formula in ("E_min / S_min", "e_min / s_min", "trust_coefficient * w_norm", "(g + weight_decay * w)",
                     "start_factor=base_lr / target"):

@@ -1,4 +1,4 @@
-"""utils.course runs notebooks in the project's own kernel and reports failures usefully."""
+"""tooling.course runs notebooks in the project's own kernel and reports failures usefully."""
 from __future__ import annotations
 
 import subprocess
@@ -8,7 +8,7 @@ import nbformat
 from nbformat.v4 import new_code_cell, new_notebook
 
 from notebook_runner import ROOT
-from utils import course
+from tooling import course
 
 
 def _write(tmp_path, *sources):
@@ -25,7 +25,7 @@ def test_kernel_is_this_interpreter_and_quick_mode_reaches_it(tmp_path):
 
 def test_failure_prints_cell_source_and_traceback(tmp_path):
     path = _write(tmp_path, "x = 1", "def broken():\n    return 1 / 0\nbroken()", "print('never')")
-    result = subprocess.run([sys.executable, "-m", "utils.course", "--no-html", str(path)], cwd=ROOT,
+    result = subprocess.run([sys.executable, "-m", "tooling.course", "--no-html", str(path)], cwd=ROOT,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 1
     assert "cell 1 raised ZeroDivisionError" in result.stderr
@@ -45,7 +45,7 @@ def test_quick_mode_can_come_from_the_environment(tmp_path):
     path = _write(tmp_path, "import os; print(os.environ.get('COURSE_QUICK'))")
     env = {k: v for k, v in __import__("os").environ.items() if k != "COURSE_QUICK"}
     for setting, expected in (("1", "1"), ("0", "0")):
-        result = subprocess.run([sys.executable, "-m", "utils.course", "--no-html", "--out", str(tmp_path / setting),
+        result = subprocess.run([sys.executable, "-m", "tooling.course", "--no-html", "--out", str(tmp_path / setting),
                                  str(path)], cwd=ROOT, env={**env, "COURSE_QUICK": setting}, capture_output=True,
                                 text=True, timeout=300)
         assert result.returncode == 0, result.stderr
@@ -77,7 +77,7 @@ def test_kernel_is_shut_down_after_its_notebook(tmp_path):
 def test_a_failure_names_notebook_and_cell_and_the_others_still_run(tmp_path):
     bad = _probe(tmp_path / "labs", "01_bad.ipynb", "x = 1", "raise ValueError('no good')")
     good = _probe(tmp_path / "labs", "02_good.ipynb", "print('fine')")
-    result = subprocess.run([sys.executable, "-m", "utils.course", "--quick", "--no-html", "--out",
+    result = subprocess.run([sys.executable, "-m", "tooling.course", "--quick", "--no-html", "--out",
                              str(tmp_path / "out"), str(bad), str(good)], cwd=ROOT, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 1
@@ -122,7 +122,7 @@ def test_index_opens_in_chromium_without_console_error(tmp_path):
     import pytest
 
     sys.path.insert(0, str(ROOT))
-    from slides.chromium import INSTALL_HINT, Browser, find_chromium
+    from slides.chromium import Browser, INSTALL_HINT, find_chromium
 
     if find_chromium() is None:
         pytest.skip(f"no Chromium for the browser test: {INSTALL_HINT}")

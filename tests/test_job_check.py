@@ -1,4 +1,4 @@
-"""utils.checks.job_check with a replayed optimizer: a job that chooses its own optimizer and schedule is
+"""utils.checks.job.check with a replayed optimizer: a job that chooses its own optimizer and schedule is
 compared with one process taking the same steps, and the ways such a job goes wrong are named.
 
 The scripts are lab 06's solution (its check uses the fixed optimizer) with the optimizer changed.
@@ -10,7 +10,7 @@ import pytest
 from check_helpers import fails
 from test_checks_lab06 import with_mistake
 from utils.checks import Incorrect, lab06
-from utils.checks.job_check import REPLAYED_OPTIMIZER, JobCheck
+from utils.checks.job.check import JobCheck, REPLAYED_OPTIMIZER
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -79,14 +79,14 @@ def test_the_probe_tells_the_jobs_own_output_from_torchs():
 
     import torch
 
-    from utils.checks import job_probe
+    from utils.checks.job import probe
 
-    tee = job_probe._Tee(io.StringIO(), [])
+    tee = probe._Tee(io.StringIO(), [])
     saved = sys.stdout
     sys.stdout = tee
     try:
         exec(compile("print('from torch')", os.path.join(os.path.dirname(torch.__file__), "nn", "x.py"), "exec"), {})
-        exec(compile("print('from the check')", job_probe.__file__, "exec"), {})
+        exec(compile("print('from the check')", probe.__file__, "exec"), {})
         assert tee.job == [] and tee.job_lines == 0
         exec(compile("print('from the script')", "/tmp/job/train_ddp.py", "exec"), {})
         handler = logging.StreamHandler(sys.stdout)

@@ -15,7 +15,7 @@ import pytest
 
 from notebook_runner import ROOT
 from server_helpers import engines_of, free_port, stop_group
-from utils import release
+from tooling import release
 
 sys.path.insert(0, str(ROOT))
 from slides.chromium import INSTALL_HINT, find_chromium  # noqa: E402

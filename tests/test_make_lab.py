@@ -8,7 +8,7 @@ import urllib.request
 
 from notebook_runner import ROOT
 from server_helpers import free_port, stop_group
-from utils import release
+from tooling import release
 
 
 def _get(url: str):

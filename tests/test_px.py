@@ -10,7 +10,8 @@ import nbformat
 import pytest
 
 from server_helpers import engines_of
-from utils import course, px
+from utils import px
+from tooling import course
 
 
 pytestmark = pytest.mark.slow   # real processes or notebooks: left out of make test-fast

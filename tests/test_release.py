@@ -5,7 +5,7 @@ import nbformat
 import pytest
 
 from notebook_runner import ROOT, exercise_cells, run_notebook
-from utils import release
+from tooling import release
 from verdict_rules import contradictions
 
 NOTEBOOKS = release.source_notebooks()
@@ -197,8 +197,9 @@ def test_the_learner_bundle_works_and_holds_none_of_the_assessments_secrets(tmp_
             leaked = [line for line in secrets if line in text]
             assert not leaked, f"{path.relative_to(bundle)} holds the assessment's {leaked[:3]}"
     for name in ("Makefile", "pyproject.toml", "environment.yml", "README.md", "tests/conftest.py",
-                 "assessment/assessment.ipynb", "assessment/job.py", "assessment/grade.py", "utils/release.py"):
+                 "assessment/assessment.ipynb", "assessment/job.py", "tooling/release.py", "tests/library/spawn_ranks.py"):
         assert (bundle / name).is_file(), f"the bundle lacks {name}"
+    assert not (bundle / "assessment" / "grader").exists(), "the grader's package went into the learner bundle"
     assert all("BEGIN SOLUTION" not in p.read_text() for p in bundle.rglob("*.ipynb"))
     # Every module and data file of the assessment goes, by folder: its rules work inside the bundle.
     for path in (ROOT / "assessment").glob("*.*"):
@@ -219,14 +220,14 @@ def test_the_learner_bundle_works_and_holds_none_of_the_assessments_secrets(tmp_
             copied = [line for line in guides if line in text]
             assert not copied, f"{path.relative_to(bundle)} holds the guides' {copied[:2]}"
     # make lab's first step, and make test's collection, work inside the bundle on its own files.
-    done = subprocess.run([sys.executable, "-m", "utils.release", "--workspace", "ws"], cwd=bundle,
+    done = subprocess.run([sys.executable, "-m", "tooling.release", "--workspace", "ws"], cwd=bundle,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and len(list((bundle / "ws").rglob("*.ipynb"))) == len(NOTEBOOKS), done.stderr
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_config.py"],
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/library/test_config.py"],
                           cwd=bundle, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:]
-    # A learner bundle can grade its own assessment notebook: the learner's cells are marked.
-    from assessment.submission import owned_cells
+    # The learner's cells are marked in the bundle, so the grader finds them in a handed-in notebook.
+    from assessment.grader.submission import owned_cells
     owned = owned_cells(nbformat.read(bundle / "assessment" / "assessment.ipynb", as_version=4))
     assert owned == owned_cells(nbformat.read(ROOT / "assessment" / "assessment.ipynb", as_version=4))
 
@@ -240,11 +241,11 @@ def test_lab_solutions_go_in_only_when_asked_and_never_the_assessments(tmp_path)
 def test_the_graders_sandbox_view_has_no_judge_reference_grader_or_tests(tmp_path):
     release.write_release(tmp_path / "view", for_grading=True)
     names = {str(p.relative_to(tmp_path / "view")) for p in (tmp_path / "view").rglob("*") if p.is_file()}
-    for hidden in ("assessment/grade.py", "assessment/sandbox.py", "assessment/model_file.py", "assessment/cgroups.py"):
+    for hidden in ("assessment/grader/grade.py", "assessment/grader/sandbox.py", "assessment/grader/model_file.py", "assessment/grader/cgroups.py"):
         assert hidden not in names
     assert not any(name.startswith(("tests/", "labs/")) for name in names)
     assert {"assessment/criteria.py", "assessment/job.py", "assessment/run_notebook.py", "assessment/settings.py",
-            "assessment/step_cost.json", "utils/checks/job_check.py", "utils/checks/job_probe.py"} <= names
+            "assessment/step_cost.json", "utils/checks/job/check.py", "utils/checks/job/probe.py"} <= names
 
 
 # The assessment leaves the learning-rate decision to the learner (lab 07 taught the options): no word
@@ -266,3 +267,25 @@ def test_the_assessment_as_learners_get_it_names_no_learning_rate_technique(tmp_
     # the instructor's edition does name them: the words would be found if they were there
     solution = nbformat.read(ROOT / "assessment" / "assessment.ipynb", as_version=4)
     assert any(re.search("warm-up", c.source, re.IGNORECASE) for c in solution.cells)
+
+
+def test_the_bundle_is_made_by_folder_so_a_new_module_lands_on_its_side_unlisted(tmp_path):
+    import shutil
+    root = tmp_path / "course"
+    for name in ("labs", "assessment", "utils", "tooling", "tests/library"):
+        shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__", "*.pt", "run_record"))
+    for name in ("Makefile", "pyproject.toml", "environment.yml", "README.md", "tests/conftest.py"):
+        shutil.copy(ROOT / name, root / name)
+    added = {"utils/labs/lab09.py": True, "utils/brand_new.py": True, "tooling/new_tool.py": True,
+             "tests/library/test_lab09.py": True, "assessment/new_rule.py": True,
+             "assessment/grader/new_guard.py": False}
+    for name in added:
+        (root / name).write_text("VALUE = 1\n")
+    release.write_release(tmp_path / "bundle", root=root)
+    release.write_release(tmp_path / "view", root=root, for_grading=True)
+    for name, shipped in added.items():
+        assert (tmp_path / "bundle" / name).is_file() == shipped, name
+        in_view = shipped and not name.startswith("tests/")
+        assert (tmp_path / "view" / name).is_file() == in_view, name
+    assert not (tmp_path / "bundle" / "assessment" / "grader").exists()
+    assert not (tmp_path / "view" / "assessment" / "grader").exists()

@@ -1,25 +1,20 @@
-"""The course library. One job per module; each names the lab that teaches it.
+"""The learners' library: what the labs teach and learners call. One job per module; each names the lab
+that teaches it.
 
-The learners' library (what the labs teach and learners call):
   config (settings from the environment), data, models, train, perf (FLOPs, peak, the one
-  synchronised timer), cluster (ipyparallel engines with torch.distributed) and px (its %%px),
-  collectives (collectives, the ring, the alpha-beta model and its fit), replicas (are the ranks'
-  models equal; metrics over ranks), export (a notebook's job as a torchrun script), ddp (data
-  parallelism from scratch), optim (LARS, LAMB, NovoGrad, warm-up), parallel_sgd (model averaging,
-  local SGD), hogwild, parle.
+  synchronised timer), cluster (ipyparallel engines with torch.distributed), px (its %%px), watchdog
+  (ends a dead kernel's cluster; the cluster starts it), collectives (collectives, the ring, the
+  alpha-beta model and its fit), ddp_timing (DDP's buckets and a DDP step's cost, predicted and
+  measured), replicas (are the ranks' models equal; metrics over ranks), export (a notebook's job as a
+  torchrun script), ddp (data parallelism from scratch), optim (LARS, LAMB, NovoGrad, warm-up),
+  parallel_sgd (model averaging, local SGD), hogwild, parle, sweep (many runs on the engines),
+  plotting (every shared figure; it only draws), outcomes (verdicts printed from a cell's numbers).
 
-Measurements and figures of one lab:
-  single_gpu (lab 02), collectives_report (lab 03's tables and figures), ddp_costs (lab 04: a DDP
-  step against its prediction), equivalence (lab 05: a wrapper against one process on the whole
-  batch), scaling (lab 06: buckets, predicted communication, throughput over workers), loaders (lab 06:
-  what reading batches costs), gpu_speed (lab 06: WideResNet settings on a GPU), sweep (lab 07: many runs on the engines), batch_runs
-  (lab 07's short runs), batch_size (lab 07: noise scale, critical batch, LR rules), landscape
-  (lab 07: sharpness, loss surfaces), plotting (every figure; it only draws), outcomes (verdicts
-  printed from a cell's numbers), checks (each lab's exercise checks).
+Two packages sit inside it: ``labs`` (one module per lab: its measurements, figures and verdicts) and
+``checks`` (one module per lab: its exercises' checks, on the harness of ``checks/__init__.py``;
+``checks.job`` runs and judges a learner's torchrun script for lab 06 and the assessment).
 
-Course tooling (run by make, the tests and the grader, not by the labs' cells):
-  release (learner edition, bundle, workspace), course (run notebooks headless, the course map),
-  watchdog (ends a dead kernel's cluster).
-
-The graded assessment lives in ``assessment/``.
+Elsewhere: ``tooling`` (learner edition and bundle, notebooks run headless), ``assessment`` (the graded
+notebook and what it needs) and ``assessment.grader`` (the grader, never in the learner bundle).
+MAINTAINING.md draws the whole layout.
 """

@@ -334,7 +334,7 @@ def shapes(num_samples: int = 12000, size: int = 28, channels: int = 1, test_fra
     blobs, plus pixel noise. ``channels=1`` gives grey images, ``channels=3`` colour ones; the
     background, shape and distractor colours (grey levels) are random and independent of the
     label, so only the form tells the class. Needs translation-invariant features: a small
-    CNN beats an MLP of the same size by far (see tests/test_data.py); used from lab 06 on.
+    CNN beats an MLP of the same size by far (see tests/library/test_data.py); used from lab 06 on.
 
     ``num_samples`` must be a multiple of 10: every class gets num_samples / 10 images, and
     ``round(that * test_fraction)`` of each class go to the test split, so both splits are

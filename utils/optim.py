@@ -4,7 +4,7 @@ Taught in labs/07 (batch size and learning rate). Each optimiser scales the step
 parameter tensor by a ratio of norms, so that a layer whose gradient is large compared with its
 weights does not take a step that wipes them out: the reason large-batch training with a large
 learning rate can stay stable (You et al. 2017, 2019). The update rules are the papers' algorithms,
-written out in each class's docstring; tests/test_optim.py compares single steps against them.
+written out in each class's docstring; tests/library/test_optim.py compares single steps against them.
 
     optimizer = LARS(model.parameters(), lr=0.1 * batch_size / 256, weight_decay=5e-4)
     scheduler = linear_warmup(optimizer, warmup_steps=500, start_factor=256 / batch_size)
@@ -20,7 +20,7 @@ import math
 
 import torch
 from torch.optim import Optimizer
-from torch.optim.lr_scheduler import ConstantLR, LinearLR, LRScheduler, SequentialLR
+from torch.optim.lr_scheduler import ConstantLR, LRScheduler, LinearLR, SequentialLR
 
 
 # --- argument checks: one ValueError per mistake, naming the fix ------------------------------

@@ -16,7 +16,7 @@ at the last synchronisation, an exponential average z of its weights and two mom
 with t the number of steps taken. The master, the average of the replicas' x, is the model the
 original evaluates (``master``).
 
-Special cases, each with its exact conditions (tests/test_parle.py compares each with an
+Special cases, each with its exact conditions (tests/library/test_parle.py compares each with an
 independent implementation written from its paper):
   * n = 1, L = 1, gamma = rho = 0 is torch.optim.SGD with the same momentum (Nesterov or not).
   * n = 1, rho = 0 is *not* Entropy-SGD in general. Entropy-SGD (Chaudhari et al. 2017, Algorithm 1)

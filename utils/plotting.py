@@ -5,7 +5,6 @@ from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 
-from .batch_size import predicted_steps
 from .collectives import fit_alpha_beta, ring_all_reduce_seconds
 
 
@@ -379,7 +378,7 @@ def plot_lab_times(labs: Sequence[Mapping], ax=None):
 
 
 def plot_gpu_settings(rows: Sequence[Mapping], machine: str, ax=None):
-    """Images per second of a training step for each GPU setting (``utils.gpu_speed.wrn_settings``'s
+    """Images per second of a training step for each GPU setting (``utils.labs.lab06.wrn_settings``'s
     rows, e.g. a recorded ``benchmarks/results/wrn_gpu_*.json``), relative to the first (fp32)."""
     fig, ax = _axes(ax, figsize=(8, 3.6))
     import textwrap
@@ -415,7 +414,8 @@ def plot_steps_to_target(batch_sizes: Sequence[int], steps: Sequence[float], yla
             label="perfect scaling")
     if fit is not None and all(v > 0 for v in fit):
         grid = np.geomspace(min(batch_sizes), max(batch_sizes) * 2, 100)
-        ax.plot(grid, predicted_steps(grid, *fit), "-", label=f"S_min (1 + B_crit / B), B_crit = {fit[1]:.0f}")
+        s_min, b_crit = fit   # McCandlish et al.'s S(B), as utils.labs.lab07.fit_critical_batch fits it
+        ax.plot(grid, s_min * (1 + b_crit / grid), "-", label=f"S_min (1 + B_crit / B), B_crit = {fit[1]:.0f}")
     for i, (label, batch) in enumerate((marks or {}).items()):
         ax.axvline(batch, color=f"C{i + 2}", linestyle=("--", "-.", ":")[i % 3], label=label)
     ax.set_xscale("log")
@@ -478,7 +478,7 @@ _HISTORY_AXES = {"step": "step", "samples": "training samples seen", "train_loss
 
 def plot_histories(runs: Mapping[str, Sequence[Sequence[Mapping]]], metrics: Sequence[str] = ("test_accuracy",),
                    x: str = "step", logx: bool = False, title: str | None = None):
-    """Run histories (lists of dicts, such as ``utils.batch_runs.train_run``'s ``history``), one panel
+    """Run histories (lists of dicts, such as ``utils.labs.lab07.train_run``'s ``history``), one panel
     per metric, one colour per label and one line per history under it (one per seed)."""
     fig, axes = plt.subplots(1, len(metrics), figsize=(6.5 * len(metrics), 4), squeeze=False)
     for ax, metric in zip(axes[0], metrics):
@@ -504,7 +504,7 @@ def plot_landscapes(alphas: Sequence[float], line: Mapping[str, Sequence[float]]
                     coords: Sequence[float], surfaces: Mapping[str, "object"]):
     """Li et al.'s pictures: left, the loss on the line ``(1 - a) A + a B`` (one curve per data split,
     ``ends`` names A and B); then the loss on a plane around each solution (``surfaces[label]``, rows
-    along the second direction, as ``utils.landscape.surface_2d`` returns), contoured at the same levels."""
+    along the second direction, as ``utils.labs.lab07.surface_2d`` returns), contoured at the same levels."""
     import torch
 
     fig, axes = plt.subplots(1, 1 + len(surfaces), figsize=(5.3 * (1 + len(surfaces)), 4.2))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bubblewrap: the grader's sandbox (assessment/sandbox.py). Without it the grader refuses untrusted
+# bubblewrap: the grader's sandbox (assessment/grader/sandbox.py). Without it the grader refuses untrusted
 # notebooks and the hostile-submission tests skip, saying why.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"

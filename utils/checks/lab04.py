@@ -58,7 +58,7 @@ load_checkpoint(ddp_model, optimizer, path):
 1. state = torch.load(path, map_location=device) on every rank;
 2. ddp_model.module.load_state_dict(state["model"]); optimizer.load_state_dict(state["optimizer"]).""",
     "4.4": """Step by step:
-1. buckets = ddp_bucket_bytes(grad_bytes): DDP's buckets, in bytes (utils.scaling; lab 06 has you write it).
+1. buckets = ddp_bucket_bytes(grad_bytes): DDP's buckets, in bytes (utils.ddp_timing; lab 06 has you write it).
 2. For each bucket of n bytes, lab 03's ring on k ranks takes 2(k-1) alpha + 2(k-1)/k n beta seconds:
    2(k-1) steps, each paying the latency alpha and moving n/k bytes at beta seconds per byte.
 3. Nothing overlaps in this prediction: add the buckets' times, and multiply by 1000 for milliseconds.
@@ -623,7 +623,7 @@ def _diagnose_prediction(got_ms: float, want_ms: float, buckets: list[int], k: i
 def check_predict_comm(predict_comm) -> None:
     """Exercise 4.4: ``predict_comm(grad_bytes, k, alpha, beta)`` returns ``(number of buckets, ms)``: DDP's
     buckets for these gradients and the ring all-reduce time of all of them on k ranks, nothing overlapped."""
-    from ..scaling import ddp_bucket_bytes
+    from utils.ddp_timing import ddp_bucket_bytes
 
     name = "Exercise 4.4 (predict_comm)"
     with exercise(name):
@@ -632,7 +632,7 @@ def check_predict_comm(predict_comm) -> None:
             buckets = ddp_bucket_bytes(grad_bytes)
             want_ms = sum(_ring_ms(n, k, alpha, beta) for n in buckets) if k > 1 else 0.0
             call = f"predict_comm({grad_bytes}, k={k}, alpha={alpha:g}, beta={beta:g})"
-            with _calls_into("utils/scaling.py", "utils/ddp_costs.py") as library:
+            with _calls_into("utils/ddp_timing.py", "utils/labs/lab04.py") as library:
                 answer = predict_comm(list(grad_bytes), k, alpha, beta)
             copied = [f for f in library if f in ("predicted_comm_seconds", "predict")]
             expect(not copied, f"{name}: {call} called the library's prediction ({copied[0] if copied else ''}): "
@@ -643,8 +643,8 @@ def check_predict_comm(predict_comm) -> None:
             expect(n_buckets == len(buckets),
                    f"{name}: {call} counted {n_buckets} bucket(s), DDP makes {len(buckets)} of {buckets} bytes: "
                    + ("one per gradient is what DDP avoids (buckets gather many gradients, 1 MiB first, then "
-                      "25 MiB); use utils.scaling.ddp_bucket_bytes" if n_buckets == len(grad_bytes) else
-                      "use utils.scaling.ddp_bucket_bytes(grad_bytes)"))
+                      "25 MiB); use utils.ddp_timing.ddp_bucket_bytes" if n_buckets == len(grad_bytes) else
+                      "use utils.ddp_timing.ddp_bucket_bytes(grad_bytes)"))
             try:
                 got_ms = float(got_ms)
             except (TypeError, ValueError):

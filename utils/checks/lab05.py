@@ -1,7 +1,7 @@
 """Checks for labs/05_ddp_from_scratch.ipynb: the learner's four DDP wrappers.
 
 Each check sends the learner's class to the engines and, on every rank at once, trains it for a
-few steps on ``RareNet``: ``utils.equivalence.AwkwardNet`` (frozen, tied, unused parameters, a
+few steps on ``RareNet``: ``utils.labs.lab05.AwkwardNet`` (frozen, tied, unused parameters, a
 buffer; every rank starting from other weights) plus a layer that only some ranks use in a step,
 a different rank each step. It then requires that the ranks agree, that the weights equal one
 process trained on the whole batches and torch's DDP trained on the same shards, that frozen
@@ -26,7 +26,7 @@ from torch import nn
 
 from . import ExerciseError, exercise, hint_for
 from .engines import Wrong, globals_used, prepare, run_case, spy
-from ..equivalence import AwkwardNet
+from ..labs.lab05 import AwkwardNet
 
 TOLERANCE = 1e-9      # float64: a correct wrapper differs from one process by rounding only
 STEPS = 3
@@ -117,9 +117,9 @@ class RareNet(nn.Module):
 def rare_batches(steps: int, world_size: int, per_rank: int = 3) -> list:
     """Global batches in which, at step s, one sample of rank (s + 1) % p's shard, at a place that
     moves from step to step, is the only one that uses ``RareNet.rare``."""
-    from .. import equivalence
+    from ..labs import lab05 as lab
 
-    batches = equivalence.global_batches(steps, per_rank * world_size)
+    batches = lab.global_batches(steps, per_rank * world_size)
     for step, (x, _) in enumerate(batches):
         x[:, 0] = -x[:, 0].abs() - 0.1
         x[((step + 1) % world_size) * per_rank + step % per_rank, 0] = 1.0 + step
@@ -245,13 +245,13 @@ def _build(cls, cap, model, log):
 def _model_and_batches(rare: bool, micro_batches: int):
     import torch.distributed as dist
 
-    from .. import equivalence
+    from ..labs import lab05 as lab
 
     p = dist.get_world_size()
     make = RareNet if rare else AwkwardNet
     batches = (rare_batches(STEPS * micro_batches, p) if rare else
-               equivalence.global_batches(STEPS * micro_batches, 3 * p))
-    model, reference = equivalence.start_models(make)
+               lab.global_batches(STEPS * micro_batches, 3 * p))
+    model, reference = lab.start_models(make)
     return make, model, reference, batches
 
 
@@ -260,14 +260,15 @@ def _train_and_compare(cls, cap, micro_batches, exercise_kind, rare=True):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from .. import equivalence, replicas
+    from .. import replicas
+    from ..labs import lab05 as lab
     from . import engines
 
     rank, p = dist.get_rank(), dist.get_world_size()
     make, model, reference, batches = _model_and_batches(rare, micro_batches)
     with _watch(model) as log:
         wrapped = _build(cls, cap, model, log)
-        equivalence.train_data_parallel(lambda m: wrapped, model, batches, micro_batches=micro_batches)
+        lab.train_data_parallel(lambda m: wrapped, model, batches, micro_batches=micro_batches)
         _end_step(log)
         across_ranks = replicas.replica_differences(model)
     spread = {name: d for name, d in across_ranks.items() if d > 0}
@@ -282,17 +283,17 @@ def _train_and_compare(cls, cap, micro_batches, exercise_kind, rare=True):
                      f"after your step: leave them out, as one process and torch's DDP do (their .grad stays None; "
                      f"an optimizer with weight decay would move them)")
 
-    equivalence.train_single_process(reference, batches, micro_batches=micro_batches)
-    to_single = equivalence.differences(reference, model)
+    lab.train_single_process(reference, batches, micro_batches=micro_batches)
+    to_single = lab.differences(reference, model)
     worst = max(to_single, key=to_single.get)
     if to_single[worst] > TOLERANCE:
         for factor, why in ((p, f"the gradients were summed over the {p} ranks but not divided by {p}: that "
                                 f"multiplies the learning rate by the world size (seed 000's own solution does this)"),
                             (1 / p, f"the gradients were divided by {p} twice (or averaged, then divided again)"),
                             (p / 2, f"the gradients were divided by 2, not by the world size {p}")):
-            _, scaled = equivalence.start_models(make)
-            equivalence.train_single_process(scaled, batches, lr=0.1 * factor, micro_batches=micro_batches)
-            if max(equivalence.differences(scaled, model).values()) <= 1e-6:
+            _, scaled = lab.start_models(make)
+            lab.train_single_process(scaled, batches, lr=0.1 * factor, micro_batches=micro_batches)
+            if max(lab.differences(scaled, model).values()) <= 1e-6:
                 raise Wrong(f"rank {rank}: your weights equal one process trained with learning rate "
                              f"{0.1 * factor:g} instead of 0.1: {why}")
         accumulate = (" With gradient accumulation the first backward runs inside no_sync(): its gradients must "
@@ -302,11 +303,11 @@ def _train_and_compare(cls, cap, micro_batches, exercise_kind, rare=True):
                      f"process trained on the whole batches: every rank must end with the mean over the ranks of "
                      f"its local gradient (parameters without a gradient take part as zeros).{accumulate}")
 
-    twin, _ = equivalence.start_models(make)
-    equivalence.train_data_parallel(
+    twin, _ = lab.start_models(make)
+    lab.train_data_parallel(
         lambda m: DistributedDataParallel(m, process_group=engines.check_group, find_unused_parameters=True),
         twin, batches, micro_batches=micro_batches)
-    to_torch = equivalence.differences(twin, model)
+    to_torch = lab.differences(twin, model)
     if max(to_torch.values()) > TOLERANCE:
         raise Wrong(f"rank {rank}: your weights match one process but differ from torch's DDP by "
                      f"{max(to_torch.values()):.3g}: tell the course maintainers, this should not happen")

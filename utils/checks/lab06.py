@@ -1,6 +1,6 @@
 """Checks for labs/06_realistic_model.ipynb.
 
-``check_job(script)`` is ``utils.checks.job_check.JobCheck`` for this lab's script (read its docstring):
+``check_job(script)`` is ``utils.checks.job.check.JobCheck`` for this lab's script (read its docstring):
 it runs the learner's torchrun script itself on a tiny problem, as two simulated GPU nodes (2 + 1
 processes, so ``LOCAL_RANK`` differs from ``RANK`` on the second), compares the weights it saved with one
 process on the same global batches, then makes one rank fail in a training step and gives it a global
@@ -28,7 +28,7 @@ import sys
 import torch
 
 from . import Incorrect, exercise, expect, hint_for
-from .job_check import LOG_LINE, TIME_LIMIT_S, WEIGHT_TOLERANCE, JobCheck  # noqa: F401 (the lab's names)
+from utils.checks.job import LOG_LINE, TIME_LIMIT_S, WEIGHT_TOLERANCE, JobCheck  # noqa: F401 (the lab's names)
 
 # The tiny problem the check trains: sizes that do not divide evenly (padding, a short last batch), and
 # dropout on, so that evaluating in train mode changes the accuracy.
@@ -74,7 +74,7 @@ torch/nn/parallel/distributed.py):
 hint = hint_for(HINTS)  # lab06.hint("6.1") prints that exercise's step-by-step hint
 
 
-# --- Exercise 6.1: the job, checked by utils.checks.job_check ---------------------------------------
+# --- Exercise 6.1: the job, checked by utils.checks.job.check ---------------------------------------
 
 # Divisible by 2 and 4 (the lab's world sizes) but not by 3: a test written for a world size of 2 or 4, or for
 # LOCAL_WORLD_SIZE (2 on the first node), lets this batch through.

@@ -1,5 +1,5 @@
 """Checks for labs/07_batch_size.ipynb: each runs the learner's function on small, awkward inputs and
-compares with the course's reference (``utils.optim``, ``utils.landscape``) or with values computed here.
+compares with the course's reference (``utils.optim``, ``utils.labs.lab07``) or with values computed here.
 
 The exercises are numbered in the notebook's order: 7.1 the critical batch, 7.2 linear scaling with
 warm-up, 7.3 filter normalisation, 7.4 one LARS step. The inputs are irregular on purpose (batch ratios
@@ -271,17 +271,17 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 
 def check_filter_normalize(filter_normalize) -> None:
-    from utils import landscape
+    from ..labs import lab07 as lab
 
     with exercise("7.3"):
         torch.manual_seed(3)
         model = _Awkward()
-        direction = landscape.random_direction(model, seed=5)
+        direction = lab.random_direction(model, seed=5)
         conv = [name for name, _ in model.named_parameters()].index("conv.weight")
         direction[conv][0] = 0.0                            # a filter of zeros in the direction too
         before = [d.clone() for d in direction]
         weights = [w.detach().clone() for w in model.parameters()]
-        want = landscape.filter_normalize(before, model)
+        want = lab.filter_normalize(before, model)
         got = filter_normalize(direction, model)
         expect(_same(before, direction),
                "7.3: your function changed the direction it was given: return new tensors.")

@@ -14,8 +14,7 @@ import random
 import pytest
 import torch
 import torch.distributed as dist
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from spawn_ranks import run_ranks
 from utils import collectives

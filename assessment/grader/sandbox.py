@@ -43,7 +43,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cgroups import CGROUP_NAME, Cgroups, kill_until_gone
+from assessment.grader.cgroups import CGROUP_NAME, Cgroups, kill_until_gone
 
 MARKER = "COURSE_SANDBOX_RUN"
 WORK = "/sandbox/work"                 # the command's working folder inside the sandbox
@@ -520,5 +520,5 @@ def _run_unprotected(command, workdir: Path, keep, outdir: Path, limits: Limits,
 
 def whole_submission_caps() -> list[str]:
     """The caps on a whole submission this machine gives, in words (none without root and cgroups)."""
-    from . import cgroups
+    from assessment.grader import cgroups
     return cgroups.whole_submission_caps(Limits())

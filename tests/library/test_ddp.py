@@ -1,6 +1,6 @@
 """utils.ddp: every wrapper ends where one process on the whole batch ends, at 2 and 4 gloo ranks.
 
-The model (utils.equivalence.AwkwardNet) has a frozen parameter, tied weights, a parameter that
+The model (utils.labs.lab05.AwkwardNet) has a frozen parameter, tied weights, a parameter that
 forward never uses, a buffer and parameters of very different sizes, and starts from a different
 initialisation on each rank. One spawn per world size runs every case (starting ranks costs
 seconds); the harness itself is shown able to fail on a wrapper that sums without dividing.
@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from spawn_ranks import run_ranks
-from utils import ddp, equivalence, replicas
+from utils import ddp, replicas
+from utils.labs import lab05
 
 TOLERANCE = 1e-9            # float64: a correct wrapper differs from one process by rounding only
 BUCKET_CAPS_MB = (1e-6, 0.002, 1000.0)   # one parameter per bucket, a few per bucket, one bucket
@@ -43,29 +44,29 @@ def _wrappers():
 
 def _equivalence_job(rank, world_size):
     torch.set_default_dtype(torch.float32)
-    results = {name: max(equivalence.compare_with_single_process(wrap).values()) for name, wrap in _wrappers().items()}
-    results["sum without dividing"] = max(equivalence.compare_with_single_process(SumWithoutDividing).values())
+    results = {name: max(lab05.compare_with_single_process(wrap).values()) for name, wrap in _wrappers().items()}
+    results["sum without dividing"] = max(lab05.compare_with_single_process(SumWithoutDividing).values())
     return results
 
 
 def _bucket_counts_job(rank, world_size):
-    model = equivalence.AwkwardNet()
+    model = lab05.AwkwardNet()
     trainable = [p for p in model.parameters() if p.requires_grad]
     return {cap: len(ddp.BucketedDDP(model, bucket_cap_mb=cap).buckets) for cap in BUCKET_CAPS_MB}, len(trainable)
 
 
 def _accumulation_job(rank, world_size, variant):
     """Two micro-batches per step, the first inside no_sync(): equals one process on both."""
-    return max(equivalence.compare_with_single_process(ddp.VARIANTS[variant], micro_batches=2).values())
+    return max(lab05.compare_with_single_process(ddp.VARIANTS[variant], micro_batches=2).values())
 
 
 def _zero_in_place_job(rank, world_size, variant):
     """zero_grad(set_to_none=False) keeps last step's .grad tensors (BucketedDDP's are bucket views)."""
-    batches = equivalence.global_batches(4, 3 * world_size)
-    model, reference = equivalence.start_models()
-    equivalence.train_data_parallel(ddp.VARIANTS[variant], model, batches, set_to_none=False)
-    equivalence.train_single_process(reference, batches)
-    return max(equivalence.differences(reference, model).values())
+    batches = lab05.global_batches(4, 3 * world_size)
+    model, reference = lab05.start_models()
+    lab05.train_data_parallel(ddp.VARIANTS[variant], model, batches, set_to_none=False)
+    lab05.train_single_process(reference, batches)
+    return max(lab05.differences(reference, model).values())
 
 
 @pytest.mark.parametrize("variant", sorted(ddp.VARIANTS))
@@ -76,7 +77,7 @@ def test_gradients_zeroed_in_place_between_steps(variant):
 def _rewrap_job(rank, world_size):
     """Wrapping the same model twice (a re-run cell) leaves one set of hooks: one reduction per step."""
     torch.manual_seed(0)
-    model = equivalence.AwkwardNet().double()
+    model = lab05.AwkwardNet().double()
     ddp.OverlapDDP(model)
     wrapped = ddp.BucketedDDP(model, bucket_cap_mb=1e-6)
     calls = []
@@ -88,7 +89,7 @@ def _rewrap_job(rank, world_size):
 
     dist.all_reduce = counting
     try:
-        x, y = equivalence.global_batches(1, 2)[0]
+        x, y = lab05.global_batches(1, 2)[0]
         F.cross_entropy(wrapped(x), y).backward()
         wrapped.finish_gradient_synchronization()
     finally:
@@ -98,8 +99,8 @@ def _rewrap_job(rank, world_size):
 
 
 def _double_backward_job(rank, world_size):
-    model = ddp.BucketedDDP(equivalence.AwkwardNet().double(), bucket_cap_mb=1e-6)
-    x, y = equivalence.global_batches(1, 2)[0]
+    model = ddp.BucketedDDP(lab05.AwkwardNet().double(), bucket_cap_mb=1e-6)
+    x, y = lab05.global_batches(1, 2)[0]
     F.cross_entropy(model(x), y).backward()
     try:
         F.cross_entropy(model(x), y).backward()
@@ -121,10 +122,10 @@ def test_every_wrapper_matches_one_process_on_awkward_models(world_size):
 
 def _nccl_job(rank, world_size):
     device = torch.device("cuda", rank)
-    results = {name: max(equivalence.compare_with_single_process(wrap, device=device).values())
+    results = {name: max(lab05.compare_with_single_process(wrap, device=device).values())
                for name, wrap in _wrappers().items() if name != "torch DDP"}
-    model = ddp.BucketedDDP(equivalence.AwkwardNet().to(device), bucket_cap_mb=1e-6)
-    x, y = equivalence.global_batches(1, 2, dtype=torch.float32)[0]
+    model = ddp.BucketedDDP(lab05.AwkwardNet().to(device), bucket_cap_mb=1e-6)
+    x, y = lab05.global_batches(1, 2, dtype=torch.float32)[0]
     seconds = ddp.step_time(model, x.to(device), y.to(device), steps=2, warmup=1)
     return results, seconds
 

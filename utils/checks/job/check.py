@@ -1,10 +1,10 @@
 """The check of a learner's torchrun training job: lab 06's exercise 6.1 and the assessment's job.
 
 ``JobCheck(label, job, ...)`` runs the learner's script itself, as a cluster would, on a tiny problem, with
-a time limit, through ``utils.checks.job_probe`` (which records what each rank called, printed, and where
+a time limit, through ``utils.checks.job.probe`` (which records what each rank called, printed, and where
 its tensors lived). The job runs as two "nodes" on this machine (two torchrun agents meeting at a c10d
 rendezvous: 2 processes and 1, so ``LOCAL_RANK`` differs from ``RANK`` on the second node) that look like
-GPU nodes with a GPU per process (``job_probe.SimulatedGPUs``): the device each rank picks, ``set_device``,
+GPU nodes with a GPU per process (``probe.SimulatedGPUs``): the device each rank picks, ``set_device``,
 where the model and the batches live and the host syncs are judged as a GPU job needs them, without a
 GPU. Then it trains the same model in this process, one process on the same global batches with the same
 dropout masks and the same optimizer steps, and compares the weights the script saved, the train loss and
@@ -34,9 +34,9 @@ from urllib.parse import urlsplit
 import torch
 import torch.nn.functional as F
 
-from . import NotSolved, exercise, expect
-from .. import export
-from .job_probe import EPOCH_LINE as LOG_LINE, INJECTED, SimulatedGPUs
+from utils.checks import NotSolved, exercise, expect
+from utils import export
+from utils.checks.job.probe import EPOCH_LINE as LOG_LINE, INJECTED, SimulatedGPUs
 
 TIME_LIMIT_S = 150          # the probe caps the process group's timeout at 60 s
 WEIGHT_TOLERANCE = 1e-4     # float32 sums taken in another order (3 ranks' all-reduce) differ by ~1e-7 after these steps
@@ -236,7 +236,7 @@ class JobCheck:
         env = {"COURSE_PROBE_DIR": str(probe), "COURSE_PROBE_FAIL_AT": str(fail_at),
                "COURSE_PROBE_FAIL_RANK": "" if fail_rank is None else str(fail_rank), "COURSE_PROBE_GPUS": "1" if gpus else "",
                "COURSE_PROBE_REFUSAL": "1" if refusal else ""}
-        result = export.run(["-m", "utils.checks.job_probe", script, *self.job_arguments(workdir / "out", **changes)], nproc,
+        result = export.run(["-m", "utils.checks.job.probe", script, *self.job_arguments(workdir / "out", **changes)], nproc,
                             cwd=workdir, threads=1, env=env, timeout=timeout, host=SIMULATED_HOST)
         records = {}
         for path in probe.glob("rank*.json"):

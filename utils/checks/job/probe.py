@@ -1,6 +1,6 @@
 """Run a learner's torchrun script and record what each rank did, for the check of lab 06's exercise 6.1.
 
-    torchrun --nnodes 2 --nproc-per-node 2 ... -m utils.checks.job_probe train_ddp.py --epochs 2 ...
+    torchrun --nnodes 2 --nproc-per-node 2 ... -m utils.checks.job.probe train_ddp.py --epochs 2 ...
 
 Each process runs the script as ``__main__`` (exactly as ``torchrun train_ddp.py`` would) after
 wrapping a few torch functions so that they also write down their calls: ``init_process_group``
@@ -125,7 +125,8 @@ def masked_dropout(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
 # Whose code wrote to stdout: the frame that called write (print's caller), past the standard library's
 # frames (logging, traceback, io: their caller decides). torch's own output and the check's are not the job's.
 _STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
-_NOT_THE_JOBS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.abspath(__file__)) + os.sep)
+_CHECKS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep   # utils/checks/, this package's parent
+_NOT_THE_JOBS = (os.path.dirname(torch.__file__) + os.sep, _CHECKS_DIR)
 JOB_PRINTED_KEPT = 4000        # characters of the job's own stdout kept in the record (the first ones)
 
 
@@ -642,7 +643,7 @@ def _probe_dir() -> Path:
 
 def main(argv: list[str]) -> None:
     if not argv:
-        raise SystemExit("usage: torchrun ... -m utils.checks.job_probe SCRIPT [ARGS...]")
+        raise SystemExit("usage: torchrun ... -m utils.checks.job.probe SCRIPT [ARGS...]")
     script = argv[0]
     out = _probe_dir()
     rank = os.environ.get("RANK", "?")

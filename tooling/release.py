@@ -6,9 +6,9 @@ between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` (nbgrader's markers) bec
 above the block (a comment right above the block is then dropped, so the hint shows once); lines between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS``
 vanish. In a markdown cell a solution block becomes "YOUR ANSWER HERE".
 
-    python -m utils.release --out build/release     # write the learner bundle (what learners get)
-    python -m utils.release --out build/release --lab-solutions   # ... with the labs' instructor editions
-    python -m utils.release --workspace workspace   # add missing learner copies, never overwrite
+    python -m tooling.release --out build/release     # write the learner bundle (what learners get)
+    python -m tooling.release --out build/release --lab-solutions   # ... with the labs' instructor editions
+    python -m tooling.release --workspace workspace   # add missing learner copies, never overwrite
 
 The learner bundle is a self-contained course: the learner editions, the library, the Makefile and
 packaging, the assessment's public modules and the library's own tests, so ``make lab`` and
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import nbformat
 
-from .config import COURSE_ROOT
+from utils.config import COURSE_ROOT
 
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
@@ -111,20 +111,16 @@ def source_notebooks(root: Path = COURSE_ROOT) -> list[Path]:
     return sorted(p for folder in SOURCE_FOLDERS for p in (root / folder).glob("*.ipynb"))
 
 
-# What the bundle holds besides the notebooks. Every module and data file of the assessment folder (its notebook
-# and the self-check, `make grade` on one's own notebook, need them: a file left out once failed every grading);
-# the grader's own modules are in the bundle, where they grade a learner's own notebook, but never in the
-# grader's sandbox.
+# What the bundle holds besides the notebooks, by folder, so that a new module lands on the right side
+# without being listed: the learners' library (utils/, with each lab's module and checks), the tooling that
+# `make lab` and `make course` run, every module and data file at the top of assessment/ (its notebook and
+# checks need them: a file left out once failed every grading) but none of its subfolders (assessment/grader/,
+# the grader's own package, never leaves the course; the grader's sandbox sees this same view minus the
+# tests and the files below), and the library's own tests (tests/library/ and the conftest.py they run under).
 BUNDLE_FILES = ("Makefile", "pyproject.toml", "environment.yml", "README.md", ".gitignore")
-BUNDLE_FOLDERS = ("utils",)
+BUNDLE_FOLDERS = ("utils", "tooling")
 ASSESSMENT_SUFFIXES = (".py", ".json")   # its modules and what they read (the speed rule's step-cost table)
-GRADER_ONLY = ("grade.py", "judging.py", "sandbox.py", "cgroups.py", "model_file.py")   # left out of the sandbox's view
-# The library's own tests: none of them holds a lab's or the assessment's solution.
-BUNDLE_TESTS = ("conftest.py", "spawn_ranks.py", "test_batch_size.py", "test_collectives.py",
-                "test_collectives_report.py", "test_config.py", "test_data.py", "test_ddp.py", "test_ddp_costs.py",
-                "test_ddp_exit.py", "test_ddp_timeline.py", "test_hogwild.py", "test_landscape.py", "test_optim.py",
-                "test_outcomes.py", "test_parallel_sgd.py", "test_parle.py", "test_perf.py", "test_plotting.py",
-                "test_scaling.py", "test_sweep.py", "test_train.py")
+BUNDLE_TESTS = "tests/library"
 
 
 def write_release(out: Path, root: Path = COURSE_ROOT, lab_solutions: bool = False,
@@ -132,8 +128,8 @@ def write_release(out: Path, root: Path = COURSE_ROOT, lab_solutions: bool = Fal
     """Write the learner bundle under ``out`` (replaced whole); returns the notebooks written.
 
     ``lab_solutions``: the labs' instructor editions instead of their learner editions (the
-    assessment is always the learner edition). ``for_grading``: the grader's sandbox view, without
-    the grader's own modules and tests.
+    assessment is always the learner edition). ``for_grading``: the grader's sandbox view: the
+    assessment's notebook, modules and the library, without the labs, the tests and the packaging.
     """
     out, root = Path(out), Path(root)
     staging = Path(tempfile.mkdtemp(prefix=".release-", dir=out.parent if out.parent.exists() else None))
@@ -152,15 +148,14 @@ def write_release(out: Path, root: Path = COURSE_ROOT, lab_solutions: bool = Fal
     for folder in BUNDLE_FOLDERS:
         shutil.copytree(root / folder, staging / folder, ignore=ignore)
     for path in sorted((root / "assessment").iterdir()):
-        if path.is_file() and path.suffix in ASSESSMENT_SUFFIXES and not (for_grading and path.name in GRADER_ONLY):
+        if path.is_file() and path.suffix in ASSESSMENT_SUFFIXES:
             shutil.copy(path, staging / "assessment" / path.name)
     if not for_grading:
         for name in BUNDLE_FILES:
             if (root / name).exists():
                 shutil.copy(root / name, staging / name)
-        (staging / "tests").mkdir()
-        for name in BUNDLE_TESTS:
-            shutil.copy(root / "tests" / name, staging / "tests" / name)
+        shutil.copytree(root / BUNDLE_TESTS, staging / BUNDLE_TESTS, ignore=ignore)
+        shutil.copy(root / "tests" / "conftest.py", staging / "tests" / "conftest.py")
     for path in [staging, *staging.rglob("*")]:  # readable by the sandbox's unprivileged user
         path.chmod(0o755 if path.is_dir() else 0o644)
     if out.exists():

@@ -1,4 +1,4 @@
-"""utils.batch_size: the noise scale against its exact value, steps to target, the critical-batch fit, LR rules."""
+"""utils.labs.lab07: the noise scale against its exact value, steps to target, the critical-batch fit, LR rules."""
 import math
 
 import pytest
@@ -6,11 +6,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from utils.batch_size import fit_critical_batch, gradient_noise_scale, predicted_steps, scaled_lr, steps_to_target
+from utils.labs.lab07 import fit_critical_batch, gradient_noise_scale, scaled_lr, steps_to_target
 from utils.train import History
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def predicted_steps(batch_sizes, s_min: float, b_crit: float) -> list[float]:
+    """McCandlish et al.'s S(B) = S_min (1 + B_crit / B): data with a known critical batch to fit."""
+    return [s_min * (1 + b_crit / b) for b in batch_sizes]
 
 
 def regression(n=512, d=32, seed=0):
@@ -131,7 +136,7 @@ def test_scaled_lr_rules():
 
 
 def test_seed_verdict_names_a_winner_only_when_the_seeds_separate_it():
-    from utils.batch_size import seed_verdict
+    from utils.labs.lab07 import seed_verdict
 
     apart = seed_verdict({"sgd": [0.50, 0.52, 0.51], "lars": [0.60, 0.58, 0.61]}, fmt=".1%")
     assert apart["leader"] == "lars" and apart["separated"]
@@ -150,7 +155,7 @@ def test_seed_verdict_names_a_winner_only_when_the_seeds_separate_it():
 
 
 def test_seed_verdict_counts_a_failed_seed_as_the_worst_result():
-    from utils.batch_size import seed_verdict
+    from utils.labs.lab07 import seed_verdict
 
     # The leader on the mean diverged on one seed: it is not best on every seed.
     v = seed_verdict({"linear": [0.9, None, 0.88], "sqrt": [0.7, 0.72, 0.71]})
@@ -162,7 +167,7 @@ def test_seed_verdict_counts_a_failed_seed_as_the_worst_result():
 
 
 def test_seed_verdict_lower_is_better_and_bad_input():
-    from utils.batch_size import seed_verdict
+    from utils.labs.lab07 import seed_verdict
 
     v = seed_verdict({"a": [1.0, 1.1], "b": [2.0, 2.1]}, higher_is_better=False)
     assert v["leader"] == "a" and v["separated"] and v["low"]["a"] == 1.1 and v["high"]["a"] == 1.0
@@ -173,7 +178,7 @@ def test_seed_verdict_lower_is_better_and_bad_input():
 
 
 def test_paired_difference_says_when_every_seed_agrees():
-    from utils.batch_size import paired_difference
+    from utils.labs.lab07 import paired_difference
 
     agree = paired_difference([0.59, 0.60, 0.58], [0.46, 0.43, 0.47], fmt=".1%")
     assert agree["consistent"] and agree["mean"] == pytest.approx(-0.1367, abs=1e-4)
@@ -188,7 +193,7 @@ def test_paired_difference_says_when_every_seed_agrees():
 
 
 def test_paired_difference_rejects_unpaired_or_failed_seeds():
-    from utils.batch_size import paired_difference
+    from utils.labs.lab07 import paired_difference
 
     with pytest.raises(ValueError, match="the same seeds"):
         paired_difference([1.0, 2.0], [1.0])
@@ -197,7 +202,7 @@ def test_paired_difference_rejects_unpaired_or_failed_seeds():
 
 
 def test_train_run_stops_at_a_training_loss():
-    from utils.batch_runs import train_run
+    from utils.labs.lab07 import train_run
 
     run = train_run(100, 0.5, momentum=0.9, steps=400, eval_every=1, target_train_loss=1.0, num_samples=500)
     assert run["steps_to_target"] is not None and run["steps_to_target"] < 400
@@ -208,7 +213,7 @@ def test_train_run_stops_at_a_training_loss():
 def test_compared_says_what_outcomes_compare_decides_and_records_it(tmp_path, monkeypatch):
     import json
 
-    from utils.batch_size import compared
+    from utils.labs.lab07 import compared
     record = tmp_path / "v.jsonl"
     monkeypatch.setenv("COURSE_VERDICTS", str(record))
     apart = compared("large", [0.40, 0.42], "small", [0.55, 0.57], percent=True, words={"lower": "a gap"})
@@ -221,7 +226,7 @@ def test_compared_says_what_outcomes_compare_decides_and_records_it(tmp_path, mo
 
 
 def test_best_of_counts_a_diverged_seed_and_names_a_winner_only_beyond_the_spread(tmp_path, monkeypatch):
-    from utils.batch_size import best_of
+    from utils.labs.lab07 import best_of
     monkeypatch.setenv("COURSE_VERDICTS", str(tmp_path / "v.jsonl"))
     clear = best_of({"sgd": [0.50, 0.52], "lars": [0.60, 0.61]}, what="test accuracy")
     assert clear["leader"] == "lars" and "best test accuracy: lars" in clear["text"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from . import collectives
+from utils import collectives
 
 PING_PONG = "ping-pong (rank 0 <-> 1)"
 GLOO = "dist.all_reduce (gloo)"

@@ -3,12 +3,12 @@ Taught in lab 04 (section 4).
 
 ``time_ddp_steps`` runs on every engine at once. For each k = 1 .. world size, on ranks 0 .. k-1
 together (the others wait at a barrier), it times a DDP step on a subgroup of k ranks and the same step
-on the bare model (the computation alone: no hooks, no all-reduce), with ``utils.scaling``'s
+on the bare model (the computation alone: no hooks, no all-reduce), with ``utils.ddp_timing``'s
 ``time_ddp_against_bare``, which times lab 06's scaling too; it adds one all-reduce of a tensor as
 large as all the gradients (``utils.perf.median_ms``) and records the buckets DDP all-reduces in a
 step (a communication hook that notes each bucket's size). ``one_process_ms`` times the alternative in
 the notebook: one process computing the same global batch. ``predict`` gives each step's buckets and
-all-reduce time from lab 03's alpha-beta model (``utils.scaling``, which lab 06 uses too).
+all-reduce time from lab 03's alpha-beta model (``utils.ddp_timing``, which lab 06 uses too).
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from . import models
-from .perf import median_ms
-from .scaling import Workload, ddp_bucket_bytes, predicted_comm_seconds, time_ddp_against_bare, train_step
+from utils import models
+from utils.perf import median_ms
+from utils.ddp_timing import Workload, ddp_bucket_bytes, predicted_comm_seconds, time_ddp_against_bare, train_step
 
 
 def gradient_bytes(model: torch.nn.Module) -> list[int]:

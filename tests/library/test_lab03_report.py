@@ -1,10 +1,11 @@
-"""utils.collectives_report: lab 03's findings are decided by the numbers, and noise is not a finding."""
+"""utils.labs.lab03: lab 03's findings are decided by the numbers, and noise is not a finding."""
 from __future__ import annotations
 
 import pytest
 
-from utils import collectives, collectives_report as report_module
-from utils.collectives_report import GLOO, PING_PONG, REFERENCE, YOURS
+from utils import collectives
+from utils.labs import lab03 as report_module
+from utils.labs.lab03 import GLOO, PING_PONG, REFERENCE, YOURS
 
 SIZES = [1024, 4096, 16384, 65536]
 P = 3

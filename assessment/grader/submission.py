@@ -17,9 +17,9 @@ from pathlib import Path
 
 import nbformat
 
-from utils.release import BEGIN_SOLUTION, learner_notebook
+from tooling.release import BEGIN_SOLUTION, learner_notebook
 
-INSTRUCTOR = Path(__file__).resolve().parent / "assessment.ipynb"
+INSTRUCTOR = Path(__file__).resolve().parent.parent / "assessment.ipynb"
 
 
 class SubmissionError(ValueError):

@@ -4,13 +4,13 @@ Data-parallel SGD on ``p`` ranks, each taking an equal shard of a global batch, 
 same weights as one process taking the whole batch (the mean of the shards' mean gradients is the
 whole batch's mean gradient). So, after a few steps on the same data from the same start:
 
-    differences = equivalence.compare_with_single_process(lambda m: BucketedDDP(m, 0.001))
+    differences = lab05.compare_with_single_process(lambda m: BucketedDDP(m, 0.001))
     assert max(differences.values()) < 1e-9
 
 The model is ``AwkwardNet`` unless another is given: the cases that break hand-written DDPs in one
 module (a frozen parameter, tied weights, a parameter forward never uses, a buffer, parameters of
 very different sizes). Everything runs in float64 so that a wrong answer stands out of rounding.
-Used by lab 05's checks, tests/test_ddp.py and benchmarks. Every rank must call it.
+Used by lab 05's checks, tests/library/test_ddp.py and benchmarks. Every rank must call it.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from . import replicas
+from utils import replicas
 
 
 class AwkwardNet(nn.Module):

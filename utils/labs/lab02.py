@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .config import COURSE_ROOT
-from .models import MLP
-from .perf import best_ms, synchronize
+from utils.config import COURSE_ROOT
+from utils.models import MLP
+from utils.perf import best_ms, synchronize
 
 RESULTS = COURSE_ROOT / "benchmarks" / "results"
 PATTERN = "lab02_gpu_*.json"
@@ -27,7 +27,7 @@ def _cuda(device) -> torch.device:
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError(f"this measurement needs a CUDA GPU, got device {device!r}; on a machine without "
-                         f"one, read the recorded runs with utils.single_gpu.recorded_runs()")
+                         f"one, read the recorded runs with utils.labs.lab02.recorded_runs()")
     return device
 
 
@@ -128,7 +128,7 @@ def sync_point_cost(device, batch_sizes=(16, 64, 256), steps: int = 20) -> list[
 
 def throughput(device, batch_sizes=(16, 64, 256, 1024, 4096, 8192), steps: int = 10) -> list[dict]:
     """Samples per second of lab 01's MLP training step against the batch size (data on the device)."""
-    from .train import time_steps
+    from utils.train import time_steps
 
     device = torch.device(device)
     torch.manual_seed(0)

@@ -1,17 +1,17 @@
 """Grades every assessment notebook in a folder: a CSV for the instructor, feedback for each learner.
 
     make grade SUBMISSIONS=folder [JOBS=2]
-    python -m assessment.grade folder [--jobs 2] [--out build/grades] [--quick]
+    python -m assessment.grader.grade folder [--jobs 2] [--out build/grades] [--quick]
 
 For each ``.ipynb`` (sorted by name), the grader rebuilds the notebook around the learner's cells
-(``assessment.submission``), runs it behind the sandbox's boundary (``assessment.sandbox``), runs the
+(``assessment.grader.submission``), runs it behind the sandbox's boundary (``assessment.grader.sandbox``), runs the
 learner's torchrun script on a tiny problem in another sandbox (``assessment.job``: 2 processes, 3 on
 two simulated nodes, one rank failing, a batch to refuse), then judges what came back and evaluates
-the saved checkpoints (``assessment.model_file``) on held-out images drawn with a seed made here and
+the saved checkpoints (``assessment.grader.model_file``) on held-out images drawn with a seed made here and
 never written anywhere. Reading the handed-in notebook and judging what came back run in a child
-process with its own time and memory limits (``assessment.judging``), never in the grader's: a
+process with its own time and memory limits (``assessment.grader.judging``), never in the grader's: a
 submission that makes judging slow or huge gets a zero row saying so, and the batch goes on. The
-sandboxes see the grading view of the learner bundle (``utils.release``), never this repository.
+sandboxes see the grading view of the learner bundle (``tooling.release``), never this repository.
 Writes ``grades.csv`` (one row per submission, one column per criterion, ``total``, ``max_total``,
 empty columns for the written answers; rewritten after every submission), ``feedback/NAME.md`` and
 ``executed/NAME.ipynb`` (outputs reduced to text and images, no trust mark: see ``inert``). Any
@@ -40,7 +40,8 @@ from pathlib import Path
 
 import nbformat
 
-from . import criteria, job, judging, sandbox
+from assessment import criteria, job
+from assessment.grader import judging, sandbox
 
 COURSE = "/course"   # where the sandboxes see the grading view of the learner bundle
 
@@ -62,7 +63,7 @@ class Grade:
 
 
 def _criteria():
-    from .criteria import CRITERIA  # imported late: settings read COURSE_QUICK when first imported
+    from assessment.criteria import CRITERIA  # imported late: settings read COURSE_QUICK when first imported
     return CRITERIA
 
 
@@ -71,7 +72,7 @@ def load_checkpoint(path: Path) -> tuple[dict | None, str]:
 
     The file is untrusted: ``model_file`` checks the archive and loads it in a memory-limited process."""
     from utils import models
-    from . import model_file
+    from assessment.grader import model_file
     if not path.exists():
         return None, ""
     expected = {k: (tuple(v.shape), v.dtype) for k, v in models.CNN((1, 28, 28)).state_dict().items()}
@@ -97,7 +98,7 @@ def accuracy_on_fresh_images(state: dict, seed: int) -> float:
 def _fresh_images(seed: int):
     """EVAL_SIZE held-out images the submission never saw, drawn like the course's (difficulty included)."""
     from utils import data
-    from . import settings
+    from assessment import settings
     return data.shapes(num_samples=settings.EVAL_SIZE * 5 // 4 // 10 * 10, seed=seed, difficulty=settings.DIFFICULTY)
 
 
@@ -111,7 +112,7 @@ def judge_checkpoints(folder: Path, seed: int) -> tuple[int | None, str]:
     missing or refused one breaks the run of evaluations."""
     import torch
 
-    from . import settings
+    from assessment import settings
     names = f"{settings.checkpoint_name(1)} to {settings.checkpoint_name(settings.EPOCHS)}"
     accuracies, refused, previous = [], [], None
     for epoch in range(1, settings.EPOCHS + 1):
@@ -187,7 +188,7 @@ def grade_one(path: Path, out: Path, options: argparse.Namespace, file: str | No
 def _grade(path: Path, out: Path, options: argparse.Namespace, grade: Grade) -> None:
     """Run the submission's two sandboxes; everything that reads what it handed in or what they returned
     runs in ``judging``'s limited child process, never here."""
-    from . import settings
+    from assessment import settings
     criteria = _criteria()
     scratch = Path(tempfile.mkdtemp(prefix="course-grade-"))   # private to the grader (0700)
     try:
@@ -493,7 +494,7 @@ def main(argv=None) -> int:
     for stale in ("feedback", "executed"):  # an earlier batch's files must not pass for this one's
         shutil.rmtree(options.out / stale, ignore_errors=True)
     (options.out / "grades.csv").unlink(missing_ok=True)
-    from utils.release import write_release
+    from tooling.release import write_release
     from utils.config import COURSE_ROOT
     views = Path(tempfile.mkdtemp(prefix="course-grade-view-"))
     try:

@@ -1,4 +1,4 @@
-"""utils.scaling (DDP's buckets, the predicted communication, the scaling measurement) and utils.gpu_speed."""
+"""utils.labs.lab06 (DDP's buckets, the predicted communication, the scaling measurement) and utils.labs.lab06."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 
 from spawn_ranks import run_ranks
-from utils import collectives, data, gpu_speed, scaling
+from utils import collectives, data, ddp_timing
+from utils.labs import lab06
 
 
 pytestmark = pytest.mark.slow   # real processes or notebooks: left out of make test-fast
@@ -24,7 +25,7 @@ def torch_buckets(param_bytes, bucket_cap_mb):
 
 
 def test_first_bucket_constant_is_torchs():
-    assert scaling.FIRST_BUCKET_BYTES == dist._DEFAULT_FIRST_BUCKET_BYTES
+    assert ddp_timing.FIRST_BUCKET_BYTES == dist._DEFAULT_FIRST_BUCKET_BYTES
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -32,31 +33,31 @@ def test_buckets_match_a_real_ddp_on_random_models(seed):
     rng = random.Random(seed)
     sizes = [4 * rng.choice([1, 10, 1000, 2 ** 16, 2 ** 18, 2 ** 19]) for _ in range(rng.randint(1, 30))]
     cap = [None, 0.5, 1.0, 4.0, 25.0][seed % 5]   # None: DDP's default (a 1 MiB first bucket)
-    assert scaling.ddp_bucket_bytes(sizes, cap) == torch_buckets(sizes, cap)
+    assert ddp_timing.ddp_bucket_bytes(sizes, cap) == torch_buckets(sizes, cap)
 
 
 def test_no_gradients_no_buckets():
-    assert scaling.ddp_bucket_bytes([]) == []
-    assert scaling.predicted_comm_seconds([], 4, 1e-5, 1e-9) == 0
+    assert ddp_timing.ddp_bucket_bytes([]) == []
+    assert ddp_timing.predicted_comm_seconds([], 4, 1e-5, 1e-9) == 0
 
 
 def test_predicted_comm_is_the_sum_over_buckets():
     sizes = [2 ** 20, 2 ** 22, 2 ** 22, 400]
     # Default cap: the first bucket closes at 1 MiB, the next at 25 MiB. A cap of 4 MiB: every bucket at 4 MiB.
-    assert scaling.ddp_bucket_bytes(sizes) == [2 ** 20, 2 ** 23 + 400] == torch_buckets(sizes, None)
-    buckets = scaling.ddp_bucket_bytes(sizes, bucket_cap_mb=4)
+    assert ddp_timing.ddp_bucket_bytes(sizes) == [2 ** 20, 2 ** 23 + 400] == torch_buckets(sizes, None)
+    buckets = ddp_timing.ddp_bucket_bytes(sizes, bucket_cap_mb=4)
     assert buckets == [2 ** 20 + 2 ** 22, 2 ** 22, 400] == torch_buckets(sizes, 4)
     alpha, beta = 2e-5, 1e-9
     expected = sum(2 * 3 * alpha + 2 * 3 / 4 * n * beta for n in buckets)
-    assert scaling.predicted_comm_seconds(sizes, 4, alpha, beta, bucket_cap_mb=4) == pytest.approx(expected)
-    assert scaling.predicted_comm_seconds(sizes, 1, alpha, beta, bucket_cap_mb=4) == 0   # one rank sends nothing
+    assert ddp_timing.predicted_comm_seconds(sizes, 4, alpha, beta, bucket_cap_mb=4) == pytest.approx(expected)
+    assert ddp_timing.predicted_comm_seconds(sizes, 1, alpha, beta, bucket_cap_mb=4) == 0   # one rank sends nothing
     assert collectives.ring_all_reduce_seconds(1, 4, alpha, beta) > 0
 
 
 def _scaling_job(rank, world_size):
     from utils.models import CNN
 
-    timings = scaling.time_scaling(lambda: CNN((1, 12, 12), channels=(2, 4), hidden=8), (1, 12, 12), 10,
+    timings = lab06.time_scaling(lambda: CNN((1, 12, 12), channels=(2, 4), hidden=8), (1, 12, 12), 10,
                                    {"strong": lambda k: 12 // k, "weak": lambda k: 12 if k == 1 else 4},
                                    torch.device("cpu"), warmup=1, repeats=2)
     return {f"{label}/{k}": value for (label, k), value in timings.items()}
@@ -80,7 +81,7 @@ def test_time_scaling_times_every_k_on_the_ranks_that_take_part_and_k1_once():
 
 
 def _chosen_ks_job(rank, world_size):
-    timings = scaling.time_scaling(lambda: torch.nn.Linear(3, 2), (3,), 2, {"weak": lambda k: 2}, "cpu",
+    timings = lab06.time_scaling(lambda: torch.nn.Linear(3, 2), (3,), 2, {"weak": lambda k: 2}, "cpu",
                                    warmup=0, repeats=1, ks=[1, 3])
     return sorted(k for _, k in timings)
 
@@ -90,19 +91,19 @@ def test_time_scaling_times_only_the_ks_asked_for():
 
 
 def test_worker_counts_follow_the_cores_up_to_eight_dividing_the_global_batch():
-    assert scaling.worker_counts(1) == [1]
-    assert scaling.worker_counts(2) == [1, 2]
-    assert scaling.worker_counts(6) == [1, 2, 4]
-    assert scaling.worker_counts(8) == scaling.worker_counts(64) == [1, 2, 4, 8]
-    assert scaling.worker_counts(16, global_batch=48, most=16) == [1, 2, 3, 4, 6, 8, 12, 16]
+    assert lab06.worker_counts(1) == [1]
+    assert lab06.worker_counts(2) == [1, 2]
+    assert lab06.worker_counts(6) == [1, 2, 4]
+    assert lab06.worker_counts(8) == lab06.worker_counts(64) == [1, 2, 4, 8]
+    assert lab06.worker_counts(16, global_batch=48, most=16) == [1, 2, 3, 4, 6, 8, 12, 16]
 
 
 def test_predicted_step_is_compute_plus_the_buckets_all_reduce():
     sizes, alpha, beta = [2 ** 20, 400], 1e-5, 1e-9
-    comm = 1e3 * scaling.predicted_comm_seconds(sizes, 4, alpha, beta)
-    assert scaling.predicted_step_ms(8.0, 4, sizes, alpha, beta, strong=False) == pytest.approx(8.0 + comm)
-    assert scaling.predicted_step_ms(8.0, 4, sizes, alpha, beta, strong=True) == pytest.approx(2.0 + comm)
-    assert scaling.predicted_step_ms(8.0, 1, sizes, alpha, beta, strong=True) == 8.0
+    comm = 1e3 * ddp_timing.predicted_comm_seconds(sizes, 4, alpha, beta)
+    assert lab06.predicted_step_ms(8.0, 4, sizes, alpha, beta, strong=False) == pytest.approx(8.0 + comm)
+    assert lab06.predicted_step_ms(8.0, 4, sizes, alpha, beta, strong=True) == pytest.approx(2.0 + comm)
+    assert lab06.predicted_step_ms(8.0, 1, sizes, alpha, beta, strong=True) == 8.0
 
 
 def test_speedup_verdict_prints_an_efficiency_only_below_100_percent_beyond_the_spread(tmp_path, monkeypatch):
@@ -111,9 +112,9 @@ def test_speedup_verdict_prints_an_efficiency_only_below_100_percent_beyond_the_
     record = tmp_path / "v.jsonl"
     monkeypatch.setenv("COURSE_VERDICTS", str(record))
     one = [100.0, 102.0, 98.0]
-    below = scaling.speedup_verdict("CNN, weak", 2, one, [150.0, 152.0, 148.0])
-    above = scaling.speedup_verdict("CNN, strong", 2, one, [260.0, 262.0, 258.0])     # 130%: contention at k = 1
-    close = scaling.speedup_verdict("CNN, weak", 2, one, [195.0, 205.0, 199.0])
+    below = lab06.speedup_verdict("CNN, weak", 2, one, [150.0, 152.0, 148.0])
+    above = lab06.speedup_verdict("CNN, strong", 2, one, [260.0, 262.0, 258.0])     # 130%: contention at k = 1
+    close = lab06.speedup_verdict("CNN, weak", 2, one, [195.0, 205.0, 199.0])
     assert "efficiency 75%" in below
     assert "not a speed-up" in above and "130%" not in above and "efficiency 1" not in above
     assert "not told apart from 100%" in close and "efficiency " not in close.replace("no efficiency", "")
@@ -136,9 +137,9 @@ def _shared_routine_job(rank, world_size):
                 "stepped": any(not torch.equal(p, q) for p, q in zip(model.parameters(), fresh.parameters()))}
 
     build = functools.partial(MLP, n_layers=2, d_in=6, d_hidden=5, n_classes=3)
-    workloads = {"fixed": scaling.Workload(build, (6,), 3, lambda k: 4),
-                 "shrinking": scaling.Workload(build, (6,), 3, lambda k: 12 // k)}
-    timings = scaling.time_ddp_against_bare(workloads, "cpu", warmup=0, repeats=1, more=seen)
+    workloads = {"fixed": ddp_timing.Workload(build, (6,), 3, lambda k: 4),
+                 "shrinking": ddp_timing.Workload(build, (6,), 3, lambda k: 12 // k)}
+    timings = ddp_timing.time_ddp_against_bare(workloads, "cpu", warmup=0, repeats=1, more=seen)
     return {f"{label}/{k}": value for (label, k), value in timings.items()}
 
 
@@ -160,20 +161,20 @@ def test_time_ddp_against_bare_hands_labs_the_stepped_model_and_each_ranks_own_b
 
 def test_gpu_speed_refuses_a_cpu():
     with pytest.raises(ValueError, match="CUDA GPU"):
-        gpu_speed.wrn_settings(torch.device("cpu"))
+        lab06.wrn_settings(torch.device("cpu"))
 
 
 def test_recorded_runs_are_read_oldest_first(tmp_path):
     for name, date in (("b", "2026-02-01"), ("a", "2026-01-01")):
         (tmp_path / f"wrn_gpu_{name}.json").write_text(json.dumps({"machine": name, "date": date, "rows": []}))
     (tmp_path / "other.json").write_text("{}")
-    assert [run["machine"] for run in gpu_speed.recorded_runs(tmp_path)] == ["a", "b"]
+    assert [run["machine"] for run in lab06.recorded_gpu_runs(tmp_path)] == ["a", "b"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_wrn_settings_on_a_gpu():
-    rows = gpu_speed.wrn_settings(torch.device("cuda"), (3, 32, 32), depth=10, width=1, batch=16, steps=2, warmup=1)
-    assert [row["setting"].split(", ")[-1] for row in rows] == list(gpu_speed.SETTINGS)
+    rows = lab06.wrn_settings(torch.device("cuda"), (3, 32, 32), depth=10, width=1, batch=16, steps=2, warmup=1)
+    assert [row["setting"].split(", ")[-1] for row in rows] == list(lab06.SETTINGS)
     assert all(row["images_per_s"] > 0 for row in rows)
 
 
@@ -182,7 +183,7 @@ def _tiny_colour_set():
 
 
 def test_train_to_accuracy_stops_once_the_target_is_met_in_a_row():
-    run = gpu_speed.train_to_accuracy(_tiny_colour_set(), "cpu", depth=10, width=1, batch=32, epochs=5, target=0.0,
+    run = lab06.train_to_accuracy(_tiny_colour_set(), "cpu", depth=10, width=1, batch=32, epochs=5, target=0.0,
                                       in_a_row=2, dtype=None, channels_last=False)
     assert [e["epoch"] for e in run["epochs"]] == [1, 2]             # any accuracy meets 0.0: stops after two
     assert run["reached_epoch"] == 2 and run["reached_s"] == run["epochs"][-1]["train_s"]
@@ -191,7 +192,7 @@ def test_train_to_accuracy_stops_once_the_target_is_met_in_a_row():
 
 
 def test_train_to_accuracy_runs_every_epoch_when_the_target_is_out_of_reach():
-    run = gpu_speed.train_to_accuracy(_tiny_colour_set(), "cpu", depth=10, width=1, batch=32, epochs=3, target=1.01,
+    run = lab06.train_to_accuracy(_tiny_colour_set(), "cpu", depth=10, width=1, batch=32, epochs=3, target=1.01,
                                       dtype=None, channels_last=True)
     assert len(run["epochs"]) == 3 and run["reached_epoch"] is None and run["reached_s"] is None
     assert all(0 <= e["val_accuracy"] <= 1 for e in run["epochs"])
@@ -199,31 +200,31 @@ def test_train_to_accuracy_runs_every_epoch_when_the_target_is_out_of_reach():
 
 def test_train_to_accuracy_refuses_a_batch_larger_than_the_data():
     with pytest.raises(ValueError, match="larger than the 160 training images"):
-        gpu_speed.train_to_accuracy(_tiny_colour_set(), "cpu", batch=512)
+        lab06.train_to_accuracy(_tiny_colour_set(), "cpu", batch=512)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_train_to_accuracy_on_a_gpu_with_the_labs_settings():
-    run = gpu_speed.train_to_accuracy(_tiny_colour_set(), "cuda", depth=10, width=1, batch=32, epochs=2, target=None)
+    run = lab06.train_to_accuracy(_tiny_colour_set(), "cuda", depth=10, width=1, batch=32, epochs=2, target=None)
     assert len(run["epochs"]) == 2 and run["epochs"][1]["train_s"] > 0
 
 
 def test_slowest_steps_takes_each_steps_slowest_rank():
     per_rank = [{("weak", 1): {"ddp": 5.0, "compute": 4.0, "per_rank": 8}, ("weak", 2): {"ddp": 7.0, "compute": 3.0, "per_rank": 8}},
                 {("weak", 2): {"ddp": 6.0, "compute": 3.5, "per_rank": 8}}]
-    assert scaling.slowest_steps(per_rank) == {("weak", 1): {"ddp": 5.0, "compute": 4.0},
+    assert lab06.slowest_steps(per_rank) == {("weak", 1): {"ddp": 5.0, "compute": 4.0},
                                                ("weak", 2): {"ddp": 7.0, "compute": 3.5}}
     # each timed step (started together at a barrier) ends with its slowest rank
     per_rank[0][("weak", 2)].update(ddp_steps=[7.0, 1.0], compute_steps=[3.0, 0.5])
     per_rank[1][("weak", 2)].update(ddp_steps=[2.0, 6.0], compute_steps=[1.0, 3.5])
-    assert scaling.slowest_steps(per_rank)[("weak", 2)] == {"ddp": 7.0, "compute": 3.5, "ddp_steps": [7.0, 6.0],
+    assert lab06.slowest_steps(per_rank)[("weak", 2)] == {"ddp": 7.0, "compute": 3.5, "ddp_steps": [7.0, 6.0],
                                                             "compute_steps": [3.0, 3.5]}
 
 
 def test_plot_scaling_draws_measured_and_predicted_throughput_and_each_models_communication():
     import matplotlib
     matplotlib.use("Agg")
-    fig = scaling.plot_scaling([1, 2], {"CNN, weak": [100.0, 150.0]}, {"CNN, weak": [100.0, 190.0]},
+    fig = lab06.plot_scaling([1, 2], {"CNN, weak": [100.0, 150.0]}, {"CNN, weak": [100.0, 190.0]},
                                {"CNN": ([0.0, 2.0], [0.0, 1.0]), "wide": ([0.0, 9.0], [0.0, 8.0])}, "title")
     assert len(fig.axes) == 3
     assert [list(line.get_ydata()) for line in fig.axes[0].lines] == [[100.0, 150.0], [100.0, 190.0]]
@@ -243,29 +244,29 @@ def _record(alpha=1e-5, beta=1e-9):
 
 
 def test_recorded_curves_put_measured_throughput_beside_the_model_from_one_workers_computation():
-    ks, throughput, predicted, communication = scaling.recorded_curves(_record())
+    ks, throughput, predicted, communication = lab06.recorded_curves(_record())
     assert ks == [1, 2]
     assert throughput["CNN, weak"] == pytest.approx([6400.0, 8000.0]) and throughput["CNN, strong"] == pytest.approx([6400.0, 8000.0])
-    comm = 1e3 * scaling.predicted_comm_seconds([4000, 400], 2, 1e-5, 1e-9)
+    comm = 1e3 * ddp_timing.predicted_comm_seconds([4000, 400], 2, 1e-5, 1e-9)
     assert predicted["CNN, weak"] == pytest.approx([64e3 / 9.0, 128e3 / (9.0 + comm)])
     assert predicted["CNN, strong"] == pytest.approx([64e3 / 9.0, 64e3 / (4.5 + comm)])
     assert communication["CNN"] == ([1.0, 6.0], [0.0, pytest.approx(comm)])
-    assert "test cpu, 2 cores" in scaling.describe_record(_record()) and "load average 0.5-1.5" in scaling.describe_record(_record())
+    assert "test cpu, 2 cores" in lab06.describe_record(_record()) and "load average 0.5-1.5" in lab06.describe_record(_record())
 
 
 def test_a_recording_is_contended_when_the_load_left_fewer_idle_cores_than_workers():
     quiet, busy = _record(), _record()
     quiet["runs"][0]["load_average"] = [0.0, 1, 1]         # k = 2 on 2 idle cores; k = 1 at 0.5 leaves one idle
-    assert not scaling.contended(quiet) and "contended" not in scaling.describe_record(quiet)
+    assert not lab06.contended(quiet) and "contended" not in lab06.describe_record(quiet)
     busy["runs"][0]["load_average"] = [0.5, 1, 1]          # 0.5 + 2 workers > 2 cores
-    assert scaling.contended(busy) and "contended" in scaling.describe_record(busy)
+    assert lab06.contended(busy) and "contended" in lab06.describe_record(busy)
 
 
 def test_recorded_runs_are_read_fewest_cores_first(tmp_path):
     for cores in (16, 2):
         (tmp_path / f"lab06_scaling_{cores}core.json").write_text(json.dumps(dict(_record(), machine=dict(cpu="c", cores=cores, torch="t"))))
     (tmp_path / "lab08_psgd_x.json").write_text("{}")
-    assert [(r["machine"]["cores"], r["file"]) for r in scaling.recorded_runs(tmp_path)] == \
+    assert [(r["machine"]["cores"], r["file"]) for r in lab06.recorded_runs(tmp_path)] == \
         [(2, "lab06_scaling_2core.json"), (16, "lab06_scaling_16core.json")]
 
 
@@ -278,11 +279,11 @@ def _recorded_run(dataset):
 
 def test_gpu_report_compares_with_nvidias_time_only_on_cifar10(capsys):
     rows = [{"setting": "fp32", "images_per_s": 100.0}, {"setting": "bf16", "images_per_s": 150.0}]
-    gpu_speed.print_report(rows, "recorded", _recorded_run("shapes, colour 3x32x32"))
+    lab06.print_report(rows, "recorded", _recorded_run("shapes, colour 3x32x32"))
     out = capsys.readouterr().out
     assert "1.50x fp32" in out and "cannot be compared" in out and "same data set" not in out
-    gpu_speed.print_report(rows, "recorded", _recorded_run("CIFAR-10, 50000 training images"))
+    lab06.print_report(rows, "recorded", _recorded_run("CIFAR-10, 50000 training images"))
     out = capsys.readouterr().out
     assert "on the same data set, CIFAR-10" in out and "cannot be compared" not in out
-    gpu_speed.print_report([], None, None)
+    lab06.print_report([], None, None)
     assert "No GPU here" in capsys.readouterr().out

@@ -1,8 +1,8 @@
 """Execute notebooks headless and keep what they printed; build the course site.
 
-    python -m utils.course --out build/course labs/*.ipynb           # full mode, .ipynb + .html
-    python -m utils.course --quick --out /tmp/run labs/01_mlp_cpu.ipynb
-    python -m utils.course --out build/course --index --slides build/slides labs/*.ipynb
+    python -m tooling.course --out build/course labs/*.ipynb           # full mode, .ipynb + .html
+    python -m tooling.course --quick --out /tmp/run labs/01_mlp_cpu.ipynb
+    python -m tooling.course --out build/course --index --slides build/slides labs/*.ipynb
 
 Each notebook runs in a fresh kernel in its own folder. On failure the failing cell's
 source and traceback are printed, the other notebooks still run, and the exit status is 1.

@@ -1,12 +1,11 @@
-"""utils.landscape: the top Hessian eigenvalue against full Hessians, filter normalisation, 1-D and 2-D loss plots."""
+"""utils.labs.lab07: the top Hessian eigenvalue against full Hessians, filter normalisation, 1-D and 2-D loss plots."""
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from utils.landscape import (epsilon_sharpness, filter_normalize, interpolate, random_direction, surface_2d,
-                             top_hessian_eigenvalue)
+from utils.labs.lab07 import (epsilon_sharpness, filter_normalize, interpolate, random_direction, surface_2d, top_hessian_eigenvalue)
 from utils.models import MLP
 
 

@@ -37,7 +37,7 @@ def call(step: str, *args, seconds: float = SECONDS, memory_bytes: int = MEMORY_
     from utils.config import COURSE_ROOT
     request = json.dumps({"step": step, "args": args, "memory_bytes": int(memory_bytes)})
     # -I: neither the current folder nor PYTHONPATH decides what is imported; the course root is put first.
-    bootstrap = f"import sys; sys.path.insert(0, {str(COURSE_ROOT)!r}); from assessment.judging import _child; _child()"
+    bootstrap = f"import sys; sys.path.insert(0, {str(COURSE_ROOT)!r}); from assessment.grader.judging import _child; _child()"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     try:
         child = subprocess.run([sys.executable, "-I", "-c", bootstrap], input=request.encode(), capture_output=True,
@@ -69,8 +69,8 @@ def _prepare(submission: str, notebook_to: str, script_to: str) -> dict:
     {"refused": why or "", "notes": [...]}."""
     import nbformat
 
-    from . import grade
-    from .submission import SubmissionError, restore
+    from assessment.grader import grade
+    from assessment.grader.submission import SubmissionError, restore
     try:
         restored = restore(Path(submission))
     except SubmissionError as error:
@@ -82,7 +82,7 @@ def _prepare(submission: str, notebook_to: str, script_to: str) -> dict:
 
 # step: (module, function, whether it needs torch). Preparing reads and writes notebooks only: without torch its
 # child starts in about 1 s instead of 5.
-STEPS = {"prepare": ("assessment.judging", "_prepare", False), "judge": ("assessment.grade", "judge_returned", True)}
+STEPS = {"prepare": ("assessment.grader.judging", "_prepare", False), "judge": ("assessment.grader.grade", "judge_returned", True)}
 
 
 def _child() -> None:
@@ -96,7 +96,7 @@ def _child() -> None:
     import nbformat
     nbformat.validate(nbformat.v4.new_notebook())
     step = getattr(importlib.import_module(module), name)
-    from assessment.model_file import cap_address_space
+    from assessment.grader.model_file import cap_address_space
     cap_address_space(request["memory_bytes"])
     result = step(*request["args"])
     print("\n" + json.dumps({"result": result}), flush=True)
