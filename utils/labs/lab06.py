@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 import time
 from pathlib import Path
@@ -466,3 +467,42 @@ def print_report(rows: list[dict], source: str | None, run: dict | None) -> None
         print(f"The NVIDIA course's assessment gives 4 GPUs 240 s for this target on CIFAR-10; this run trained on "
               f"another data set ({run['dataset']}), where the same accuracy is a different goal, so the two times "
               f"cannot be compared.")
+
+
+# --- Section 1: the job as a torchrun script, run from the notebook ----------------------------------------
+
+JOB_LOG = re.compile(r"^epoch (\d+) train_loss (\S+) test_accuracy (\S+) seconds (\S+)", re.MULTILINE)
+
+
+def run_job_script(job_dir, name: str, nproc: int | None = None, *, cores: int, **options):
+    """Run ``job_dir/name`` (under torchrun with ``nproc`` processes; None: plain Python) with ``--key=value``
+    for each option; return its epochs (from the lines it logs), wall seconds and output.
+
+    Each process gets (real cores) / nproc torch threads, so that the processes share the cores, not fight
+    for them (with ``cores`` above the real count, threads beyond the real cores would only take turns)."""
+    from utils import config, export
+
+    arguments = [f"--{key.replace('_', '-')}={value}" for key, value in options.items()]
+    result = export.run([Path(job_dir) / name, *arguments], nproc, cwd=job_dir,
+                        threads=max(1, min(cores, config.real_cores()) // (nproc or 1)))
+    if result.code != 0:
+        raise RuntimeError(f"{name} exited with {result.code}:\n{result.output[-4000:]}")
+    epochs = [dict(epoch=int(e), train_loss=float(l), test_accuracy=float(a), seconds=float(s))
+              for e, l, a, s in JOB_LOG.findall(result.output)]
+    return epochs, result.seconds, result.output
+
+
+def plot_time_to_accuracy(job_runs: dict, global_batch: int, epochs: int):
+    """Test accuracy against the job's own training time, one curve per process count (``job_runs``:
+    ``{nproc: (epochs, wall seconds, output)}`` from ``run_job_script``)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for nproc, (logged, wall, _) in sorted(job_runs.items()):
+        elapsed = torch.tensor([e["seconds"] for e in logged]).cumsum(0)
+        ax.plot(elapsed, [e["test_accuracy"] for e in logged], "o-", label=f"{nproc} process(es): {wall:.0f} s wall in all")
+    ax.set_xlabel("training time (s, from the job's own log)")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(f"Time to accuracy, global batch {global_batch}, {epochs} epochs")
+    ax.legend(fontsize=8)
+    return fig
