@@ -55,8 +55,9 @@ release: $(STAMP)
 	$(BIN)/python -m tooling.release --out build/release $(RELEASE_ARGS)
 
 # Every lab, then the assessment where it exists; the index links to the decks that `slides` built.
-course: $(STAMP) slides
-	$(BIN)/python -m tooling.course --out build/course --index --slides build/slides labs/*.ipynb $(wildcard assessment/assessment.ipynb)
+# In the learner bundle (no slides/ folder) the course is built without the decks.
+course: $(STAMP) $(if $(wildcard slides/build.py),slides)
+	$(BIN)/python -m tooling.course --out build/course --index $(if $(wildcard slides/build.py),--slides build/slides) labs/*.ipynb $(wildcard assessment/assessment.ipynb)
 
 # reveal.js comes from npm (slides/package-lock.json; `npm ci` runs when it is missing) and the
 # PDFs from headless Chromium; the build says what to install when either is missing.

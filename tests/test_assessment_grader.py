@@ -89,7 +89,7 @@ try:
 except ImportError:
     pass
 try:
-    open(os.path.join(os.path.dirname(settings.__file__), "grade.py"), "a").write("\\n# edited")
+    open(os.path.join(os.path.dirname(settings.__file__), "grader", "grade.py"), "a").write("\\n# edited")
 except OSError:
     pass
 seen = {}
@@ -340,7 +340,7 @@ def test_the_graders_own_process_stays_small(graded):
 def test_the_grader_never_imports_torch_in_its_own_process():
     """What the grader reads of the course (settings, the job's scenarios, the release) must not load torch (about
     500 MB, 5 s): only the judging child and the sandboxes import it."""
-    code = ("import sys\nfrom assessment import grade, job, judging, sandbox\nfrom utils import release\n"
+    code = ("import sys\nfrom assessment import job\nfrom assessment.grader import grade, judging, sandbox\nfrom tooling import release\n"
             "print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "False", done.stderr[-2000:]
@@ -403,7 +403,7 @@ def test_fake_logs_fake_records_and_a_fake_model_earn_nothing(graded):
     assert "built no DistributedSampler" in feedback["i_cheater"], feedback["i_cheater"]
     assert "every checkpoint in checkpoints/ was refused" in feedback["i_cheater"], feedback["i_cheater"]
     assert not (out / "metrics.json").exists()
-    assert "# edited" not in (ROOT / "assessment" / "grade.py").read_text()
+    assert "# edited" not in (ROOT / "assessment" / "grader" / "grade.py").read_text()
 
 
 def test_no_way_out_of_the_sandbox_works_and_the_attacks_cost_only_the_attacker(graded):

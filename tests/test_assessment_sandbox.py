@@ -137,7 +137,7 @@ def test_a_run_has_no_network_but_its_own_loopback(tmp_path):
 
 @needs_namespaces
 def test_a_run_is_unprivileged_sees_only_its_own_processes_and_none_of_the_host(tmp_path):
-    hidden = [str(sandbox.Path(__file__).resolve().parent.parent / "assessment" / "grade.py"), str(tmp_path),
+    hidden = [str(sandbox.Path(__file__).resolve().parent.parent / "assessment" / "grader" / "grade.py"), str(tmp_path),
               "/home", "/run", "/var", "/etc/shadow", "/sys/fs/cgroup"]
     (tmp_path / "host-secret.txt").write_text("secret")
     result, out = run_script(tmp_path, f"""

@@ -4,7 +4,7 @@ in tests/test_notebooks.py, as its only quick-mode run there.
 The labs pick their worker counts from utils.config.cores(); here they pick what a learner's 8-core
 laptop picks. The workers take turns on the real cores, so times mean nothing, but every accuracy
 and every verdict is what that laptop computes: each verdict the lab printed through
-utils.outcomes must follow from its own numbers (tests/verdict_rules.py), and every check passes.
+utils.outcomes must follow from its own numbers (tests/library/verdict_rules.py), and every check passes.
 """
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ def ddp_bucket_bytes(param_bytes, bucket_cap_mb: float | None = None) -> list[in
     left at None (DDP's default) the first bucket's limit is 1 MiB and every later one's 25 MiB; a
     cap given is every bucket's limit, the first one's too (``_BucketCapacityConfig`` in
     torch/nn/parallel/distributed.py), as DDP applies them once it has rebuilt its buckets after the
-    first step. Lab 06 has learners write it; tests/test_scaling.py compares it with a real DDP.
+    first step. Lab 06 has learners write it; tests/library/test_lab06_scaling.py compares it with a real DDP.
     """
     if bucket_cap_mb is None:
         limits = [FIRST_BUCKET_BYTES, DEFAULT_CAP_MB * 2 ** 20]

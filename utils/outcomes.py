@@ -58,7 +58,7 @@ def rises_after_minimum(xs: Sequence[float], ys: Sequence[float]) -> tuple[float
 # Verdicts that compare numbers. Each prints its sentence and, when COURSE_VERDICTS names a file,
 # appends the sentence's kind, numbers and conclusion to it as one JSON line: the test suite re-reads
 # every conclusion a lab printed and checks it against those numbers with rules of its own
-# (tests/verdict_rules.py), at the worker counts of a 2-core machine and of an 8-core laptop.
+# (tests/library/verdict_rules.py), at the worker counts of a 2-core machine and of an 8-core laptop.
 
 def record(kind: str, conclusion, text: str, **numbers) -> None:
     """Append one verdict to the file ``COURSE_VERDICTS`` names (nothing when it is unset)."""

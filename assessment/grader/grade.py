@@ -19,7 +19,7 @@ error of the grader's own while grading one submission is that submission's row 
 reason) and the batch goes on; the exit status is then 1 and the rows are named.
 
 Where bwrap cannot make the boundary, the grader refuses untrusted work and says what to install;
-``--trust-submissions`` grades anyway, for a learner checking their own notebook.
+``--trust-submissions`` grades anyway, for a notebook you trust (your own solution, a test).
 """
 from __future__ import annotations
 
@@ -472,7 +472,7 @@ def main(argv=None) -> int:
                         help="the seed of every run that counts (default: a new one drawn for each submission, "
                              "which its feedback names); give one to re-grade a submission at the seed it had")
     parser.add_argument("--trust-submissions", action="store_true",
-                        help="grade without the sandbox's boundary where it cannot be made: only for your own notebook")
+                        help="grade without the sandbox's boundary where it cannot be made: only for notebooks you trust")
     options = parser.parse_args(argv)
     os.environ["COURSE_QUICK"] = "1" if options.quick else os.environ.get("COURSE_QUICK", "0")
     options.quick = os.environ["COURSE_QUICK"] == "1"
@@ -488,7 +488,7 @@ def main(argv=None) -> int:
     if options.mode == "none" and not options.trust_submissions:
         parser.exit(2, f"grader: refusing to grade untrusted notebooks without the sandbox's boundary: "
                        f"{sandbox.why_none()}.\nInstall it, or grade on a Linux machine or container that has it. "
-                       f"To check your own notebook only, add --trust-submissions (make grade ... "
+                       f"To grade a notebook you trust (your own solution), add --trust-submissions (make grade ... "
                        f"GRADE_ARGS=--trust-submissions): it then runs as you, unprotected.\n")
     options.out.mkdir(parents=True, exist_ok=True)
     for stale in ("feedback", "executed"):  # an earlier batch's files must not pass for this one's

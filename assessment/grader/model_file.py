@@ -112,7 +112,7 @@ class _Loader:
         self.memory_bytes = memory_bytes
         self.log = tempfile.TemporaryFile()   # the child's stderr: a pipe nobody reads could fill and block it
         env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-        # -I: the script's folder (assessment/, with modules named like stdlib ones) is not on sys.path.
+        # -I: the script's folder (assessment/grader/, with modules named like stdlib ones) is not on sys.path.
         self.proc = subprocess.Popen([sys.executable, "-I", str(Path(__file__).resolve()), str(int(memory_bytes))],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env)
         self._end = weakref.finalize(self, _end_child, self.proc, self.log)

@@ -25,7 +25,7 @@ grader up to a cap: nothing in the sandbox can write a host file. Everything tha
 untrusted data. When the command ends, its supervisor (PID 1) kills every other process of the
 namespace and reaps them all before it reads a kept file, so no leftover process can rewrite what comes
 back. Without bwrap or user namespaces ``isolation_mode()`` is "none": the grader then
-refuses to grade untrusted work (``run`` with ``mode="none"`` is for a learner grading their own).
+refuses to grade untrusted work (``run`` with ``mode="none"`` is for notebooks the instructor trusts).
 """
 from __future__ import annotations
 
@@ -473,7 +473,7 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-# --- no boundary: a learner grading their own notebook -----------------------------------------------
+# --- no boundary: a notebook the instructor trusts -----------------------------------------------------
 
 def marked_pids(token: str) -> list[int]:
     """Processes whose environment carries this run's marker."""

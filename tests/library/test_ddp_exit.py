@@ -55,7 +55,7 @@ import pytest
 
 from spawn_ranks import run_ranks
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STEPS = 3
 RUNS = {"naive": {"destroy": 1, "return": 1}, "flat": {"destroy": 1, "return": 1},
         "overlap": {"destroy": 2, "return": 5}, "bucketed": {"destroy": 2, "return": 3}}

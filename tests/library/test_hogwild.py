@@ -134,7 +134,7 @@ def test_workers_stop_when_their_parent_is_killed(tmp_path):
     """A kernel killed with SIGKILL runs no cleanup: its workers must notice on their own."""
     script = tmp_path / "killed.py"
     script.write_text(_KILLED_PARENT)
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     parent = subprocess.Popen([sys.executable, str(script)], cwd=root, env=dict(os.environ, PYTHONPATH=str(root)))
     workers = []
     try:

@@ -23,7 +23,7 @@ from torch import nn
 from spawn_ranks import run_ranks
 from utils import parallel_sgd as psgd
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 N, D, CLASSES, BATCH, STEPS, LR, WORLD = 96, 6, 3, 4, 12, 0.3, 3
 
 
