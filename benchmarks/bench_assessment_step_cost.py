@@ -42,10 +42,10 @@ def compute_seconds(batches, rounds: int, steps: int) -> dict:
     (one thread). The batches take turns within each round, and the order flips every round, so that a slow
     spell of the machine hits every batch alike."""
     import torch
-    import torch.nn.functional as F
 
     from assessment import settings
     from utils import data, models
+    from utils.train import train_step
     dataset = data.shapes(num_samples=10 * (max(batches) // 5 + 20), seed=0, difficulty=settings.DIFFICULTY)
     steppers = {}
     for batch in batches:
@@ -55,10 +55,7 @@ def compute_seconds(batches, rounds: int, steps: int) -> dict:
         x, y = dataset.x_train[:batch], dataset.y_train[:batch]
 
         def step(model=model, optimizer=optimizer, x=x, y=y):
-            loss = F.cross_entropy(model(x), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+            train_step(model, optimizer, x, y)
         for _ in range(3):
             step()
         steppers[batch] = step

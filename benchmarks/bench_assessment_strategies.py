@@ -149,9 +149,9 @@ def make_optimizer(name: str, parameters, settings: dict):
 def train_run(strategy: str, seed: int, settings: dict) -> dict:
     """One run: per-epoch test accuracy and train loss, its time, and whether it diverged."""
     import torch
-    import torch.nn.functional as F
 
     from utils import models
+    from utils.train import train_step
 
     d = _DATA
     batch = settings["base_batch"] if strategy == "baseline" else settings["global_batch"]
@@ -176,10 +176,7 @@ def train_run(strategy: str, seed: int, settings: dict) -> dict:
             if schedule is None:
                 for group in optimizer.param_groups:
                     group["lr"] = learning_rate(strategy, step, settings["base_lr"], scale, warmup_steps)
-            loss = F.cross_entropy(model(d.x_train[idx]), d.y_train[idx])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            loss = train_step(model, optimizer, d.x_train[idx], d.y_train[idx])
             if schedule is not None:
                 schedule.step()
             total += loss.detach()

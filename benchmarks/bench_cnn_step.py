@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -35,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import machine  # noqa: E402
 from stats import paired_ratio  # noqa: E402
 from utils import data, models  # noqa: E402
+from utils.train import train_step  # noqa: E402
 
 BATCH, LR = 64, 0.05
 
@@ -46,10 +46,7 @@ def lab_epoch(model, x, y, device) -> float:
     totals = torch.zeros(2, device=device)
     for xb, yb in loader:
         xb, yb = xb.to(device), yb.to(device)
-        loss = F.cross_entropy(model(xb), yb)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        loss = train_step(model, optimizer, xb, yb)
         totals[0] += loss.detach() * len(yb)
         totals[1] += len(yb)
     totals.tolist()                                    # waits for the device, as the epoch's log line does
@@ -62,10 +59,7 @@ def plain_epoch(model, x, y, device) -> float:
     start = time.perf_counter()
     for xb, yb in loader:
         xb, yb = xb.to(device), yb.to(device)
-        loss = F.cross_entropy(model(xb), yb)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        loss = train_step(model, optimizer, xb, yb)
     loss.item()                                        # waits for the device
     return time.perf_counter() - start
 
@@ -75,10 +69,7 @@ def slices_epoch(model, x, y, device) -> float:
     x, y = x.to(device), y.to(device)
     start = time.perf_counter()
     for i in range(0, len(x), BATCH):
-        loss = F.cross_entropy(model(x[i:i + BATCH]), y[i:i + BATCH])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        train_step(model, optimizer, x[i:i + BATCH], y[i:i + BATCH])
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - start

@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import machine  # noqa: E402
 from utils import cluster, sweep  # noqa: E402
+from utils.train import train_step  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -45,7 +46,6 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def train_one(seed: int, steps: int, batch: int = 256, d_in: int = 256, hidden: int = 512, classes: int = 10) -> dict:
     """One run of the sweep: defined here, so cloudpickle sends it to the engines by value."""
     import torch
-    import torch.nn.functional as F
 
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(4096, d_in, generator=generator)
@@ -57,10 +57,7 @@ def train_one(seed: int, steps: int, batch: int = 256, d_in: int = 256, hidden: 
     losses = []
     for step in range(steps):
         start = (step * batch) % (len(x) - batch)
-        loss = F.cross_entropy(model(x[start:start + batch]), y[start:start + batch])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        loss = train_step(model, optimizer, x[start:start + batch], y[start:start + batch])
         losses.append(loss.item())
     return {"loss": losses}
 

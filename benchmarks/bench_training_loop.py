@@ -28,14 +28,13 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from utils.data import synthetic  # noqa: E402
 from utils.models import MLP  # noqa: E402
 from utils.perf import matmul_peak_gflops, mlp_train_flops  # noqa: E402
-from utils.train import train  # noqa: E402
+from utils.train import train, train_step  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import machine as machine_info  # noqa: E402
@@ -92,10 +91,7 @@ def plain_loop(model, data, n_steps: int, device: torch.device) -> list[float]:
             events[-1][0].record()
         else:
             t0 = time.perf_counter()
-        loss = F.cross_entropy(model(xb), yb)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        train_step(model, optimizer, xb, yb)
         scheduler.step()
         if cuda:
             events[-1][1].record()

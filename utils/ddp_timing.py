@@ -14,11 +14,11 @@ from typing import Callable, NamedTuple
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from utils.collectives import ring_all_reduce_seconds
 from utils.perf import elapsed_ms
+from utils.train import train_step
 
 
 FIRST_BUCKET_BYTES = 2 ** 20    # DDP's first bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
@@ -53,14 +53,6 @@ def predicted_comm_seconds(param_bytes, world_size: int, alpha: float, beta: flo
     """Seconds of all-reduce in one DDP step if no bucket overlapped with anything: the sum over
     buckets of the ring's ``2(p-1) alpha + 2(p-1)/p n beta``."""
     return sum(ring_all_reduce_seconds(n, world_size, alpha, beta) for n in ddp_bucket_bytes(param_bytes, bucket_cap_mb))
-
-
-def train_step(model, optimizer, x, y) -> None:
-    """One SGD step of ``model`` on the batch (x, y) with cross-entropy."""
-    loss = F.cross_entropy(model(x), y)
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
 
 
 class Workload(NamedTuple):

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .parallel_sgd import shard_indices
+from .train import train_step
 
 
 class HogwildError(RuntimeError):
@@ -247,10 +248,7 @@ def _train_worker(rank, parent, model, x, y, epochs, batch_size, lr, momentum, s
         total = 0.0
         for idx in torch.randperm(len(x), generator=generator).split(batch_size):
             _stop_if_orphaned(parent)
-            optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(x[idx]), y[idx])
-            loss.backward()
-            optimizer.step()                              # writes the shared weights, no lock
+            loss = train_step(model, optimizer, x[idx], y[idx])   # its step writes the shared weights, no lock
             updates += 1
             total += loss.item() * len(idx)
         epoch_losses.append(total / len(x))

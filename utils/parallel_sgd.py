@@ -31,10 +31,9 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
-from .train import evaluate
+from .train import evaluate, train_step
 
 
 def _averaged_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -196,10 +195,7 @@ def local_sgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int,
         for group in optimizer.param_groups:
             group["lr"] = warmup_lr(step, lr, peak, warmup_steps)
         idx = next(batches)
-        optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x[idx]), y[idx])
-        loss.backward()
-        optimizer.step()
+        loss = train_step(model, optimizer, x[idx], y[idx])
         history.losses.append(loss.item())
         synced = step % sync_every == 0 or step == steps
         if synced:

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from utils.data import Dataset
 from utils.models import MLP
 from utils import train as train_module
-from utils.train import History, batch_indices, check_training_config, evaluate, log_line, time_steps, train
+from utils.train import History, batch_indices, check_training_config, evaluate, log_line, time_steps, train, train_step
 
 
 def separable(n_train=96, n_test=40, d_in=6, n_classes=3, seed=0):
@@ -274,3 +274,19 @@ def test_epoch_batches_follow_batch_indices_and_are_views():
     assert xb.data_ptr() == x.data_ptr(), "without shuffling a batch is a view, not a copy"
     with pytest.raises(ValueError, match="between 1 and"):
         next(train_module.epoch_batches(x, y, 24))
+
+
+def test_train_step_is_one_cross_entropy_step_and_returns_the_loss_detached():
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 10), torch.randint(0, 3, (16,))
+    ours, by_hand = (MLP(2, 10, 8, 3) for _ in range(2))
+    by_hand.load_state_dict(ours.state_dict())
+    ours.layers[0].weight.grad = torch.ones_like(ours.layers[0].weight)   # a stale gradient: zeroed first
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (ours, by_hand)]
+    loss = train_step(ours, optimizers[0], x, y)
+    expected = F.cross_entropy(by_hand(x), y)
+    expected.backward()
+    optimizers[1].step()
+    assert not loss.requires_grad and torch.equal(loss, expected.detach())
+    for a, b in zip(ours.parameters(), by_hand.parameters()):
+        assert torch.equal(a, b)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from utils.config import COURSE_ROOT
 from utils.models import MLP
 from utils.perf import best_ms, synchronize
+from utils.train import train_step
 
 RESULTS = COURSE_ROOT / "benchmarks" / "results"
 PATTERN = "lab02_gpu_*.json"
@@ -102,10 +103,7 @@ def matmul_timings(device, size: int = 2048, n_matmuls: int = 10, rounds: int = 
 def _steps(model, optimizer, batches, read_every_step: bool):
     losses = []
     for x, y in batches:
-        loss = F.cross_entropy(model(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        loss = train_step(model, optimizer, x, y)
         losses.append(loss.item() if read_every_step else loss.detach())
     return losses
 
@@ -181,10 +179,7 @@ def pinned_loop(device, batch: int = 1024, steps: int = 50, n_samples: int = 163
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 
     def step(x, y):
-        loss = F.cross_entropy(model(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        train_step(model, optimizer, x, y)
 
     def pageable():
         for s in starts[:-1]:

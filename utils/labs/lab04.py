@@ -20,7 +20,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from utils import models
 from utils.perf import median_ms
-from utils.ddp_timing import Workload, ddp_bucket_bytes, predicted_comm_seconds, time_ddp_against_bare, train_step
+from utils.ddp_timing import Workload, ddp_bucket_bytes, predicted_comm_seconds, time_ddp_against_bare
+from utils.train import train_step
 
 
 def gradient_bytes(model: torch.nn.Module) -> list[int]:

@@ -62,6 +62,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from utils import data, models, optim
+from utils.train import train_step
 
 
 MODEL = dict(n_layers=3, d_in=40, d_hidden=100, n_classes=10)
@@ -140,10 +141,7 @@ def train_run(batch_size: int, lr: float, *, steps: int | None = None, epochs: f
             order, position = torch.randperm(n, generator=generator), 0
         index = order[position:position + batch_size]
         position += batch_size
-        loss = F.cross_entropy(model(dataset.x_train[index]), dataset.y_train[index])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        loss = train_step(model, opt, dataset.x_train[index], dataset.y_train[index])
         if scheduler is not None:
             scheduler.step()
         step_losses.append(loss.item())
