@@ -18,13 +18,14 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
 from assessment import supervised
-from tooling.course import project_kernel_manager
+from tooling.course import notebook_client
 
 OUTPUT_CAP = 2 << 20  # bytes of outputs kept per notebook
 EXIT_INCOMPLETE = 3   # some cell never ran (a cell timed out, the kernel died, the runner failed)
@@ -69,8 +70,7 @@ def main(argv=None) -> int:
     supervised.protect()   # in the grader's sandbox: the kernel (same uid) cannot trace this runner
     supervised.forget_working_folder()
     nb = nbformat.read(source, as_version=4)
-    client = CappedClient(nb, km=project_kernel_manager(), timeout=int(cell_timeout), allow_errors=True,
-                          resources={"metadata": {"path": "."}})
+    client = notebook_client(nb, Path("."), cell_timeout=int(cell_timeout), allow_errors=True, client_class=CappedClient)
     run = {"completed": False, "error": None}
     try:
         client.execute(cleanup_kc=True)

@@ -54,13 +54,23 @@ def project_kernel_manager():
     return AsyncKernelManager(kernel_name="python3", kernel_spec_manager=ProjectKernelSpecs(), **settings)
 
 
+def notebook_client(nb: nbformat.NotebookNode, folder: Path, *, cell_timeout: int, allow_errors: bool,
+                    client_class=None):
+    """The course's one way to run a notebook: an nbclient client (``client_class``, a subclass, or nbclient's
+    own) on this interpreter's kernel, started in ``folder``, each cell limited to ``cell_timeout`` seconds.
+    ``execute`` below and the grader's sandboxed runner (``assessment.run_notebook``) both run through it."""
+    from nbclient import NotebookClient
+
+    return (client_class or NotebookClient)(nb, km=project_kernel_manager(), timeout=cell_timeout,
+                                            allow_errors=allow_errors, resources={"metadata": {"path": str(folder)}})
+
+
 def execute(path: Path, *, quick: bool | None = None, cell_timeout: int = 900,
             allow_errors: bool = False) -> nbformat.NotebookNode:
     """Run every cell of ``path`` in this interpreter's kernel; return the executed notebook.
 
     Errors stay in the failing cell's outputs (see ``failure_report``).
     """
-    from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
     path = Path(path)
@@ -68,8 +78,7 @@ def execute(path: Path, *, quick: bool | None = None, cell_timeout: int = 900,
         # The kernel inherits this process's environment.
         os.environ["COURSE_QUICK"] = "1" if quick else "0"
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, km=project_kernel_manager(), timeout=cell_timeout, allow_errors=allow_errors,
-                            resources={"metadata": {"path": str(path.parent.resolve())}})
+    client = notebook_client(nb, path.parent.resolve(), cell_timeout=cell_timeout, allow_errors=allow_errors)
     try:
         # A kernel manager passed in is not the client's own, so ask it to shut the kernel down (and
         # remove its sockets) when done: otherwise every kernel lives until this process exits.
