@@ -303,6 +303,60 @@ def judge_provenance(check: JobCheck, records: dict, checkpoints: Path, load_sta
     return None
 
 
+REPLAY_TOLERANCE = 0.05       # of how far an epoch moved the weights: how far a replayed epoch may end from the run's
+REPLAY_FLOOR = 1e-5           # ... and at least this much (an epoch that hardly moved the weights)
+
+
+def replay_counted_run(folder: Path, seed: int, checkpoints: Path, load_state) -> dict:
+    """The run that counts taken again in one process, epoch by epoch, and compared with its checkpoints: a run
+    ``judge_counted_run`` accepted (its records in ``folder``, its checkpoints in ``checkpoints``, read with
+    ``load_state``). Each epoch starts from the seed's initialisation or the run's checkpoint before it and
+    takes the optimizer steps the run recorded on the course's images in its samplers' order with the probe's
+    dropout masks; what it ends with must match the run's checkpoint of that epoch within REPLAY_TOLERANCE of
+    the epoch's own change. A run trained otherwise than its records show (gradients changed or replaced before
+    a step, inputs changed after the probe read them, other labels, another dropout) ends elsewhere.
+
+    Returns ``{"flag": None or what differed, with the evidence, "epochs": [{"epoch", "differs", "moved"}, ...],
+    "replayed": whether it ran}``; the grader flags a differing run for the instructor and changes no points."""
+    import torch
+
+    from utils import models
+    from utils.checks.job import JobCheck, REPLAYED_OPTIMIZER
+    from . import settings
+
+    records = _records(Path(folder), "", settings.WORKERS)
+    global_batch = counted_global_batch(records)
+    check = JobCheck("the run that counts", settings.counted_run(seed, global_batch), optimizer=REPLAYED_OPTIMIZER)
+    steps, taken = records[0].get("steps") or [], records[0].get("optimizer_steps")
+    if not steps or taken != len(steps):
+        return {"flag": None, "epochs": [], "replayed": False,
+                "why_not": f"its records hold {len(steps)} of its {taken} optimizer steps"}
+    epochs = [value for sampler in _training_samplers(records[0], check) for value in sampler["iterated"]]
+    saved = [load_state(Path(checkpoints) / settings.checkpoint_name(e)) for e in range(1, len(epochs) + 1)]
+    torch.manual_seed(check.job["seed"])
+    initial = models.CNN(_training_set(check).input_shape, dropout=check.job["dropout"]).state_dict()
+    starts = [initial, *saved[:-1]]
+    # Up to the first missing or refused checkpoint (judge_checkpoints says what that costs).
+    replayable = next((i for i, (a, b) in enumerate(zip(starts, saved)) if a is None or b is None), len(saved))
+    compared, flag = [], None
+    replay = check.replay_epochs(len(records), epochs[:replayable], steps, check._drops_last(records, len(records)),
+                                 starts.__getitem__, dataset=_training_set(check))
+    for epoch, (start, ended, replayed) in enumerate(zip(starts, saved, replay), 1):
+        # Over all weights at once (Euclidean): rounding that flips a ReLU or a max-pooling choice moves a few
+        # weights visibly, a run trained otherwise moves them all.
+        moved = sum(float((ended[k].double() - start[k].double()).pow(2).sum()) for k in ended) ** 0.5
+        differs = sum(float((ended[k].double() - replayed[k].double()).pow(2).sum()) for k in ended) ** 0.5
+        compared.append({"epoch": epoch, "differs": differs, "moved": moved})
+        if differs > max(REPLAY_FLOOR, REPLAY_TOLERANCE * moved) and flag is None:
+            start_name = "the seed's initialisation" if epoch == 1 else "the checkpoint before it"
+            flag = (f"checkpoint {settings.checkpoint_name(epoch)} is not what its epoch's recorded steps give: taken "
+                    f"again in one process from {start_name}, the epoch ends {differs:.3g} away from it (the epoch moved the "
+                    f"weights {moved:.3g}, both distances over all weights; "
+                    f"a run trained as its records show differs by rounding only, under {REPLAY_TOLERANCE:.0%} of that): "
+                    f"it trained otherwise than its records show (gradients or inputs changed inside its steps)")
+    return {"flag": flag, "epochs": compared, "replayed": bool(compared)}
+
+
 def _training_samplers(record: dict, check: JobCheck) -> list:
     """The rank's samplers over the training set (one over the test set, for an evaluation, reads other images)."""
     return [sampler for sampler in record["samplers"] if sampler.get("size") == check.job["train_size"]]

@@ -321,7 +321,7 @@ def test_the_csv_has_a_row_per_submission_and_the_columns_instructors_need(grade
     assert set(table) == {grade_module.csv_cell(sandbox.printable(os.fsencode(name).decode("utf-8", "replace")))
                           for name in batch()}
     header = list(next(iter(table.values())))
-    assert header == ["submission", *CRITERIA, "total", "max_total", "q1", "q2", "q3", "grader_error"]
+    assert header == ["submission", *CRITERIA, "total", "max_total", "q1", "q2", "q3", "grader_error", "flags"]
     assert all(int(row["max_total"]) == FULL and row["q1"] == row["q2"] == row["q3"] == "" for row in table.values())
     assert len(feedback) == len(table), "two submissions' feedback went to one file"
     assert f"graded {len(batch())}:" in done.stderr and "failed to run" in done.stderr
@@ -738,3 +738,41 @@ def test_the_run_that_counts_gets_the_graders_seed(tmp_path, monkeypatch):
     # the tiny job's seed is drawn every time, and named so that a job check's failure can be re-run
     assert all(any(note.startswith("the checks of your script on the tiny problem ran at seed") for note in row.notes)
                for row in rows)
+
+
+def test_a_replay_that_differs_is_flagged_in_the_feedback_and_the_table_and_costs_no_points(tmp_path, monkeypatch):
+    """The replay's verdict (tests/test_assessment_job.py runs it on real runs) reaches the instructor: a run whose
+    epochs do not replay to its checkpoints, or that could not be replayed in time, is flagged with the evidence,
+    in grades.csv's flags column and in the feedback; its points stand."""
+    import argparse
+    import csv
+
+    from assessment.criteria import CRITERIA
+    from assessment.grader import grade as grade_module, judging, sandbox
+    monkeypatch.setattr(sandbox, "run", lambda *args, **kw: sandbox.Result(0, False, 1.0, "none"))
+    answers = iter([{"flag": "checkpoint epoch_01.pt is not what its epoch's recorded steps give: 0.7 away"},
+                    judging.JudgingError("judging took longer than 900 s and was stopped (replay)")])
+
+    def call(step, *args, **kw):
+        if step == "prepare":
+            return {"refused": "", "notes": []}
+        if step == "judge":
+            return {"ran": True, "run_problem": "", "notes": [], "verdicts": {}, "target": [True, "held"],
+                    "speed": [True, "fast"]}
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+    monkeypatch.setattr(judging, "call", call)
+    options = argparse.Namespace(judge_timeout=5, quick=True, course=str(ROOT), course_dir=None, mode="none",
+                                 cell_timeout=60, notebook_timeout=60, job_timeout=60, counted_seed=None, replay_timeout=900)
+    rows = [grade_module.grade_one(ROOT / "assessment" / "assessment.ipynb", tmp_path, options, file=f"s{i}")
+            for i in range(2)]
+    assert [row.points["target"] for row in rows] == [CRITERIA["target"][0]] * 2, rows
+    grade_module.write_outputs(rows, tmp_path)
+    with open(tmp_path / "grades.csv") as f:
+        flags = [row["flags"] for row in csv.DictReader(f)]
+    assert "epoch_01.pt is not what its epoch's recorded steps give" in flags[0], flags
+    assert "could not be replayed: judging took longer than 900 s" in flags[1], flags
+    text = (tmp_path / "feedback" / "s0.md").read_text()
+    assert "Flagged for your instructor (no points changed):" in text and "recorded steps give" in text, text

@@ -147,8 +147,27 @@ options = {**settings.counted_run(seed), "out": "checkpoints"}
 result = export.run(["-m", "utils.checks.job.probe", sys.argv[1], *(f"--{k.replace('_', '-')}={v}" for k, v in options.items())],
                     settings.WORKERS, cwd=".", threads=1, env={"COURSE_PROBE_DIR": "records", "COURSE_PROBE_CALLS_ONLY": "1"},
                     timeout=400)
-print(json.dumps({"code": result.code, "verdict": job.judge_counted_run(Path("records"), seed, Path("checkpoints")), "output": result.output[-2000:]}))
+verdict = job.judge_counted_run(Path("records"), seed, Path("checkpoints"))
+replay = job.replay_counted_run(Path("records"), seed, Path("checkpoints"), job._load_trusted_state) if verdict is None else None
+print(json.dumps({"code": result.code, "verdict": verdict, "replay": replay, "output": result.output[-2000:]}))
 """
+
+
+def counted_run(script, tmp_path) -> dict:
+    """The run that counts of ``script`` in quick mode, as the notebook runs it, and its judgement and replay."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    # One thread, as the grader's judging process has (OMP_NUM_THREADS=1 from the start: oneDNN picks its kernels then)
+    done = subprocess.run([sys.executable, "-c", COUNTED, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "COURSE_QUICK": "1", "PYTHONPATH": str(INSTRUCTOR.parent.parent),
+                               "OMP_NUM_THREADS": "1"}, timeout=500)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["code"] == 0, result["output"]
+    return result
 
 
 UNCHECKED = {   # a script that trains otherwise when the check's simulated GPUs are absent: (edit, message)
@@ -249,19 +268,45 @@ def test_a_script_that_trains_otherwise_when_not_checked_has_its_run_that_counts
     """The run that counts is recorded and judged by the job criterion's rules: a script that trains otherwise
     when it is not checked gets no checkpoint counted (the notebook test runs the solution's run that counts
     through the same judgement, which it passes)."""
-    import json
-    import os
-    import subprocess
-    import sys
-
     edit, message = UNCHECKED[trick]
-    script = script_with(tmp_path, edit)
-    done = subprocess.run([sys.executable, "-c", COUNTED, str(script)], cwd=tmp_path, capture_output=True, text=True,
-                          env={**os.environ, "COURSE_QUICK": "1", "PYTHONPATH": str(INSTRUCTOR.parent.parent)}, timeout=500)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["code"] == 0, result["output"]
+    result = counted_run(script_with(tmp_path, edit), tmp_path)
     assert result["verdict"] and "the run that counts: " in result["verdict"] and message in result["verdict"], result
+
+
+REPLAYED = {   # training the records cannot show, in the run that counts only: each passes judge_counted_run
+    # gradients changed before the step (an outside test: a copy trained elsewhere set them, and scored 14/14)
+    "gradients changed before a step": (("            loss.backward()\n",
+                                         "            loss.backward()\n"
+                                         "            if not os.environ.get('COURSE_PROBE_GPUS'):\n"
+                                         "                for p in ddp_model.parameters():\n"
+                                         "                    p.grad.mul_(3)\n"),),
+    # inputs changed after the probe read them: a forward pre-hook on the model inside DDP
+    "inputs flipped inside the model": (("    ddp_model = DDP(",
+                                         "    if not os.environ.get('COURSE_PROBE_GPUS'):\n"
+                                         "        model.register_forward_pre_hook(lambda m, a: (a[0].flip(-1),) if m.training else None)\n"
+                                         "    ddp_model = DDP("),),
+    # labels of its own: the probe sums the images, not the labels
+    "labels of its own": (("            x, y = x.to(device), y.to(device)\n",
+                           "            x, y = x.to(device), y.to(device)\n"
+                           "            if not os.environ.get('COURSE_PROBE_GPUS'):\n"
+                           "                y = (y + 1) % 10\n"),),
+}
+
+
+def test_the_run_that_counts_of_the_solution_replays_to_its_checkpoints(tmp_path):
+    result = counted_run(script_with(tmp_path), tmp_path)
+    assert result["verdict"] is None, result
+    replay = result["replay"]
+    assert replay["replayed"] and replay["flag"] is None, replay
+    assert len(replay["epochs"]) >= 3 and all(e["differs"] <= 0.01 * e["moved"] for e in replay["epochs"]), replay
+
+
+@pytest.mark.parametrize("trick", REPLAYED, ids=list(REPLAYED))
+def test_training_the_records_cannot_show_is_flagged_by_the_replay(trick, tmp_path):
+    result = counted_run(script_with(tmp_path, *REPLAYED[trick]), tmp_path)
+    assert result["verdict"] is None, result    # the records and checkpoints alone pass
+    flag = result["replay"]["flag"]
+    assert flag and "epoch_01.pt is not what its epoch's recorded steps give" in flag, result["replay"]
 
 
 def test_the_replay_takes_torchs_and_the_courses_optimizers_but_none_that_runs_the_model_in_its_step():

@@ -48,6 +48,7 @@ COURSE = "/course"   # where the sandboxes see the grading view of the learner b
 JOB_CELL = "asmt-07"           # the %%writefile cell that holds the learner's script
 JUDGED = tuple(dict.fromkeys(job.CRITERION.values()))   # the criteria the script's runs decide
 WRITTEN = ("q1", "q2", "q3")
+REPLAY_SECONDS = 900   # the replay of a run that counts: one process training what the run trained (full mode: ~2 min)
 
 
 @dataclass
@@ -58,6 +59,7 @@ class Grade:
     notes: list[str] = field(default_factory=list)
     ran: bool = False
     failed: str = ""   # the grader could not grade it: why
+    flags: list[str] = field(default_factory=list)   # for the instructor: evidence that a run trained otherwise
     stem: str = ""     # the file's own name
     file: str = ""     # the name of its feedback and executed notebook (output_names: one per submission)
 
@@ -239,6 +241,12 @@ def _grade(path: Path, out: Path, options: argparse.Namespace, grade: Grade) -> 
             passed, why = judged[name]
             grade.points[name] = criteria[name][0] if passed else 0
             grade.reasons[name] = why
+        if judged["target"][0]:   # the run that counts was accepted: taken again, epoch by epoch, in a child of its own
+            try:
+                replayed = judging.call("replay", str(ran), counted, seconds=getattr(options, "replay_timeout", REPLAY_SECONDS))
+                grade.flags += [replayed["flag"]] if replayed["flag"] else []
+            except judging.JudgingError as error:
+                grade.flags.append(f"the run that counts could not be replayed: {error}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -277,6 +285,16 @@ def judge_returned(ran: str, run: dict, counted_seed: int, job_out: str, job_see
             "run_problem": cut(problem), "notes": [cut(n) for n in notes],
             "verdicts": {k: None if v is None else cut(v) for k, v in verdicts.items()}, "target": [reached, cut(why)],
             "speed": list(criteria.speed(first if shape else None, *(shape or (0,))))}
+
+
+def replay_returned(ran: str, counted_seed: int) -> dict:
+    """The run that counts replayed against its checkpoints (``job.replay_counted_run``; ``judging``'s child runs
+    this, under its limits): its flag, if any, for the instructor, with the evidence; points are not changed."""
+    try:
+        replayed = job.replay_counted_run(Path(ran), counted_seed, Path(ran), lambda p: load_checkpoint(p)[0])
+    except Exception as error:  # noqa: BLE001 - records written in the sandbox: the instructor learns why, nothing more
+        return {"flag": _cut(f"the run that counts could not be replayed ({type(error).__name__}: {error})", 500)}
+    return {"flag": None if replayed["flag"] is None else _cut(replayed["flag"], 2000)}
 
 
 def _cut(text: str, limit: int) -> str:
@@ -380,6 +398,8 @@ def feedback(grade: Grade) -> str:
             lines.append(f"  - {inline(grade.reasons[name])}")
     if grade.notes:
         lines += ["", "Notes on your notebook:"] + [f"- {inline(note)}" for note in grade.notes]
+    if grade.flags:
+        lines += ["", "Flagged for your instructor (no points changed):"] + [f"- {inline(flag)}" for flag in grade.flags]
     return "\n".join(lines) + "\n"
 
 
@@ -434,10 +454,11 @@ def write_outputs(grades: list[Grade], out: Path) -> Path:
     partial = out / ".grades.csv.part"
     with open(partial, "w", newline="", encoding="utf-8", errors="replace") as f:
         writer = csv.writer(f, quoting=csv.QUOTE_ALL)   # a separator inside a name stays inside its cell
-        writer.writerow(["submission", *criteria, "total", "max_total", *WRITTEN, "grader_error"])
+        writer.writerow(["submission", *criteria, "total", "max_total", *WRITTEN, "grader_error", "flags"])
         for grade in grades:
             writer.writerow([csv_cell(grade.name), *(grade.points.get(n, 0) for n in criteria),
-                             sum(grade.points.values()), best, *("" for _ in WRITTEN), csv_cell(grade.failed)])
+                             sum(grade.points.values()), best, *("" for _ in WRITTEN), csv_cell(grade.failed),
+                             csv_cell("; ".join(grade.flags))])
     partial.replace(table)
     for grade in grades:
         (out / "feedback" / f"{grade.file}.md").write_text(feedback(grade), encoding="utf-8", errors="replace")
@@ -468,6 +489,8 @@ def main(argv=None) -> int:
                         help="seconds the runs of the learner's script on the tiny problem may take, all four together")
     parser.add_argument("--judge-timeout", type=float, default=judging.SECONDS,
                         help="seconds each judging step may take (it reads what a submission left, in a child process)")
+    parser.add_argument("--replay-timeout", type=float, default=REPLAY_SECONDS,
+                        help="seconds the replay of a run that counts may take (one process; past it: a flag, no points lost)")
     parser.add_argument("--counted-seed", type=int, default=None,
                         help="the seed of every run that counts (default: a new one drawn for each submission, "
                              "which its feedback names); give one to re-grade a submission at the seed it had")

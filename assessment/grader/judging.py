@@ -82,7 +82,8 @@ def _prepare(submission: str, notebook_to: str, script_to: str) -> dict:
 
 # step: (module, function, whether it needs torch). Preparing reads and writes notebooks only: without torch its
 # child starts in about 1 s instead of 5.
-STEPS = {"prepare": ("assessment.grader.judging", "_prepare", False), "judge": ("assessment.grader.grade", "judge_returned", True)}
+STEPS = {"prepare": ("assessment.grader.judging", "_prepare", False), "judge": ("assessment.grader.grade", "judge_returned", True),
+         "replay": ("assessment.grader.grade", "replay_returned", True)}
 
 
 def _child() -> None:

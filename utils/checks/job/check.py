@@ -278,48 +278,88 @@ class JobCheck:
             torch.set_num_threads(threads)
 
     def _reference_run(self, world_size, set_epoch, dataset, epochs, steps, drop_last) -> dict:
-        from utils import models
-
         job = self.job
         dataset = dataset or self.dataset()
-        per_rank = job["global_batch"] // world_size
-        torch.manual_seed(job["seed"])
-        model = models.CNN(dataset.input_shape, dropout=job["dropout"])
-        if self.optimizer == REPLAYED_OPTIMIZER:
-            replay = _Replay(model, steps)
-        else:
-            optimizer = torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=0.9)
+        model, stepper = self._reference_model(dataset, steps)
         dropout = SimulatedGPUs({"eval_in_train_mode": 0}, 1, simulate=False)   # the probe's seeded masks
-        parameters = list(model.parameters())
         history, step = [], 0
         for epoch in (epochs if epochs is not None else range(job["epochs"])):
-            batches = _rank_batches(len(dataset.x_train), world_size, per_rank, epoch if set_epoch else None, job["seed"])
-            if drop_last:                  # a DataLoader with drop_last=True: each rank's last smaller batch left out
-                batches = [[batch for batch in mine if len(batch) == per_rank] for mine in batches]
-            total = count = rank0_total = rank0_count = 0.0
-            model.train()
-            for at in range(len(batches[0])):
-                step += 1
-                parts = []
-                for r in range(world_size):
-                    index = torch.tensor(batches[r][at])
-                    dropout.training_forward, dropout.dropout_calls = step, 0
-                    with dropout:
-                        logits = model(dataset.x_train[index])
-                    parts.append(F.cross_entropy(logits, dataset.y_train[index], reduction="none"))
-                stepper = replay if self.optimizer == REPLAYED_OPTIMIZER else optimizer
-                stepper.zero_grad()
-                _average_as_ddp(parts, parameters)
-                stepper.step()
-                losses = torch.cat(parts)
-                total, count = total + losses.sum().item(), count + len(losses)
-                rank0_total, rank0_count = rank0_total + parts[0].sum().item(), rank0_count + len(parts[0])
+            batches = self._epoch_batches(dataset, world_size, epoch if set_epoch else None, drop_last)
+            step, parts = self._train_epoch(model, stepper, dataset, batches, dropout, step)
             model.eval()
             with torch.no_grad():
                 accuracy = (model(dataset.x_test).argmax(1) == dataset.y_test).float().mean().item()
+            total = count = rank0_total = rank0_count = 0.0
+            for ranks in parts:            # summed step by step, in float64, as the job's log lines sum them
+                losses = torch.cat(ranks)
+                total, count = total + losses.sum().item(), count + len(losses)
+                rank0_total, rank0_count = rank0_total + ranks[0].sum().item(), rank0_count + len(ranks[0])
             history.append({"train_loss": total / count, "rank0_loss": rank0_total / rank0_count,
                             "test_accuracy": accuracy})
         return {"state": {k: v.detach().clone() for k, v in model.state_dict().items()}, "history": history}
+
+    def replay_epochs(self, world_size: int, epochs: list, steps: list, drop_last: bool, starts, dataset=None):
+        """The run's epochs taken again in one process, as ``reference_run`` trains (one thread, the probe's dropout
+        masks, the recorded optimizer steps): epoch i starts from the weights ``starts(i)`` returns (a state_dict:
+        the seed's initialisation, or the run's own checkpoint of the epoch before), with the optimizer's state the
+        replay reached; yields each epoch's end weights. Starting each epoch from the run's own weights keeps
+        rounding from growing over the epochs: what a replayed epoch ends with differs from the run's checkpoint
+        only by that epoch's own arithmetic, unless the run trained otherwise than its records show."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            dataset = dataset or self.dataset()
+            model, stepper = self._reference_model(dataset, steps)
+            dropout = SimulatedGPUs({"eval_in_train_mode": 0}, 1, simulate=False)
+            step = 0
+            for i, epoch in enumerate(epochs):
+                model.load_state_dict(starts(i))
+                batches = self._epoch_batches(dataset, world_size, epoch, drop_last)
+                step, _ = self._train_epoch(model, stepper, dataset, batches, dropout, step)
+                yield {k: v.detach().clone() for k, v in model.state_dict().items()}
+        finally:
+            torch.set_num_threads(threads)
+
+    def _reference_model(self, dataset, steps):
+        """The course's CNN at the job's seed's initialisation, and what steps it: the recorded optimizer steps
+        taken again (``REPLAYED_OPTIMIZER``) or SGD with momentum (``FIXED_OPTIMIZER``)."""
+        from utils import models
+
+        torch.manual_seed(self.job["seed"])
+        model = models.CNN(dataset.input_shape, dropout=self.job["dropout"])
+        if self.optimizer == REPLAYED_OPTIMIZER:
+            return model, _Replay(model, steps)
+        return model, torch.optim.SGD(model.parameters(), lr=self.job["lr"], momentum=0.9)
+
+    def _epoch_batches(self, dataset, world_size: int, epoch, drop_last: bool) -> list:
+        """Each rank's index batches of one epoch (``epoch``: set_epoch's value, None for never set)."""
+        per_rank = self.job["global_batch"] // world_size
+        batches = _rank_batches(len(dataset.x_train), world_size, per_rank, epoch, self.job["seed"])
+        if drop_last:                  # a DataLoader with drop_last=True: each rank's last smaller batch left out
+            batches = [[batch for batch in mine if len(batch) == per_rank] for mine in batches]
+        return batches
+
+    @staticmethod
+    def _train_epoch(model, stepper, dataset, batches, dropout, step: int) -> tuple[int, list]:
+        """One epoch in one process: each step takes all ranks' batches, each with the dropout masks the probe gave
+        that rank's forward, and averages the ranks' gradients as DDP does. Returns the steps taken so far and, per
+        step, each rank's per-sample losses."""
+        model.train()
+        parameters, parts_per_step = list(model.parameters()), []
+        for at in range(len(batches[0])):
+            step += 1
+            parts = []
+            for r in range(len(batches)):
+                index = torch.tensor(batches[r][at])
+                dropout.training_forward, dropout.dropout_calls = step, 0
+                with dropout:
+                    logits = model(dataset.x_train[index])
+                parts.append(F.cross_entropy(logits, dataset.y_train[index], reduction="none"))
+            stepper.zero_grad()
+            _average_as_ddp(parts, parameters)
+            stepper.step()
+            parts_per_step.append([p.detach() for p in parts])
+        return step, parts_per_step
 
     def _read_state(self, path: Path) -> dict:
         expect(path.exists(), f"{self.label}: no model was saved to {path.name} in the folder given by --out: rank 0 must "

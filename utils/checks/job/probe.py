@@ -33,7 +33,9 @@ counted as a host sync, and ``nccl`` is run as ``gloo``. ``COURSE_PROBE_FAIL_AT=
 still tears its process group down when one rank fails.
 
 ``COURSE_PROBE_CALLS_ONLY=1`` is for a real run (the assessment's run that counts): the calls are recorded,
-but nothing is simulated, no tensor operation is watched, and the script's own timeout and devices stand.
+but nothing is simulated, no tensor operation is watched, and the script's own timeout and devices stand;
+only its training dropout draws its masks from the probe's seeds, as in the check, so that the run can be
+replayed step by step in one process.
 
 ``COURSE_PROBE_REFUSAL=1`` is for a job that should stop before training (a global batch the world
 size does not divide): no rank exits before every rank has written its record (a rank that exits makes
@@ -119,6 +121,8 @@ def masked_dropout(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
     if p >= 1:
         return x * 0
     keep = torch.rand(x.shape, generator=torch.Generator().manual_seed(seed)) >= p
+    if keep.device != x.device:        # a real GPU run (the run that counts): the mask drawn on the host, moved
+        keep = keep.to(x.device)
     return x * keep / (1 - p)
 
 
@@ -667,11 +671,10 @@ def main(argv: list[str]) -> None:
     sys.stdout = tee
     sys.argv = list(argv)
     try:
-        if os.environ.get("COURSE_PROBE_CALLS_ONLY") == "1":   # a real run: its calls recorded, its tensors left alone
+        # A real run (COURSE_PROBE_CALLS_ONLY, gpus.simulate False) passes every tensor operation through untouched
+        # but its training dropout, seeded as in the check, so that the grader can replay it (assessment.job).
+        with gpus:
             runpy.run_path(script, run_name="__main__")
-        else:
-            with gpus:
-                runpy.run_path(script, run_name="__main__")
     except SystemExit as stop:
         if stop.code not in (None, 0):
             record["error"] = f"SystemExit: {stop.code}"
