@@ -329,31 +329,37 @@ def replay_counted_run(folder: Path, seed: int, checkpoints: Path, load_state) -
     check = JobCheck("the run that counts", settings.counted_run(seed, global_batch), optimizer=REPLAYED_OPTIMIZER)
     steps, taken = records[0].get("steps") or [], records[0].get("optimizer_steps")
     if not steps or taken != len(steps):
-        return {"flag": None, "epochs": [], "replayed": False,
-                "why_not": f"its records hold {len(steps)} of its {taken} optimizer steps"}
+        return {"flag": f"the run that counts could not be replayed: its records hold {len(steps)} of its {taken} "
+                        f"optimizer steps", "epochs": [], "replayed": False}
     epochs = [value for sampler in _training_samplers(records[0], check) for value in sampler["iterated"]]
     saved = [load_state(Path(checkpoints) / settings.checkpoint_name(e)) for e in range(1, len(epochs) + 1)]
     torch.manual_seed(check.job["seed"])
     initial = models.CNN(_training_set(check).input_shape, dropout=check.job["dropout"]).state_dict()
+    # Each epoch from the run's checkpoint before it; after a missing or refused one, from where the replay got.
     starts = [initial, *saved[:-1]]
-    # Up to the first missing or refused checkpoint (judge_checkpoints says what that costs).
-    replayable = next((i for i, (a, b) in enumerate(zip(starts, saved)) if a is None or b is None), len(saved))
     compared, flag = [], None
-    replay = check.replay_epochs(len(records), epochs[:replayable], steps, check._drops_last(records, len(records)),
+    replay = check.replay_epochs(len(records), epochs, steps, check._drops_last(records, len(records)),
                                  starts.__getitem__, dataset=_training_set(check))
+    replayed_before = initial
     for epoch, (start, ended, replayed) in enumerate(zip(starts, saved, replay), 1):
+        start, replayed_before = (replayed_before if start is None else start), replayed
+        if ended is None:
+            continue                               # judge_checkpoints says what a missing one costs
         # Over all weights at once (Euclidean): rounding that flips a ReLU or a max-pooling choice moves a few
         # weights visibly, a run trained otherwise moves them all.
         moved = sum(float((ended[k].double() - start[k].double()).pow(2).sum()) for k in ended) ** 0.5
         differs = sum(float((ended[k].double() - replayed[k].double()).pow(2).sum()) for k in ended) ** 0.5
         compared.append({"epoch": epoch, "differs": differs, "moved": moved})
         if differs > max(REPLAY_FLOOR, REPLAY_TOLERANCE * moved) and flag is None:
-            start_name = "the seed's initialisation" if epoch == 1 else "the checkpoint before it"
+            start_name = ("the seed's initialisation" if epoch == 1 else "the checkpoint before it"
+                          if starts[epoch - 1] is not None else "where its replay of the epoch before ended")
             flag = (f"checkpoint {settings.checkpoint_name(epoch)} is not what its epoch's recorded steps give: taken "
                     f"again in one process from {start_name}, the epoch ends {differs:.3g} away from it (the epoch moved the "
                     f"weights {moved:.3g}, both distances over all weights; "
                     f"a run trained as its records show differs by rounding only, under {REPLAY_TOLERANCE:.0%} of that): "
                     f"it trained otherwise than its records show (gradients or inputs changed inside its steps)")
+    if not compared:
+        flag = "the run that counts could not be replayed: none of its checkpoints could be read"
     return {"flag": flag, "epochs": compared, "replayed": bool(compared)}
 
 

@@ -149,11 +149,15 @@ result = export.run(["-m", "utils.checks.job.probe", sys.argv[1], *(f"--{k.repla
                     timeout=400)
 verdict = job.judge_counted_run(Path("records"), seed, Path("checkpoints"))
 replay = job.replay_counted_run(Path("records"), seed, Path("checkpoints"), job._load_trusted_state) if verdict is None else None
-print(json.dumps({"code": result.code, "verdict": verdict, "replay": replay, "output": result.output[-2000:]}))
+gap = None
+if verdict is None and len(sys.argv) > 2:   # the same run with its second checkpoint gone: replayed past the gap
+    Path("checkpoints", settings.checkpoint_name(2)).rename("second.pt")
+    gap = job.replay_counted_run(Path("records"), seed, Path("checkpoints"), job._load_trusted_state)
+print(json.dumps({"code": result.code, "verdict": verdict, "replay": replay, "gap": gap, "output": result.output[-2000:]}))
 """
 
 
-def counted_run(script, tmp_path) -> dict:
+def counted_run(script, tmp_path, *more) -> dict:
     """The run that counts of ``script`` in quick mode, as the notebook runs it, and its judgement and replay."""
     import json
     import os
@@ -161,9 +165,9 @@ def counted_run(script, tmp_path) -> dict:
     import sys
 
     # One thread, as the grader's judging process has (OMP_NUM_THREADS=1 from the start: oneDNN picks its kernels then)
-    done = subprocess.run([sys.executable, "-c", COUNTED, str(script)], cwd=tmp_path, capture_output=True, text=True,
-                          env={**os.environ, "COURSE_QUICK": "1", "PYTHONPATH": str(INSTRUCTOR.parent.parent),
-                               "OMP_NUM_THREADS": "1"}, timeout=500)
+    done = subprocess.run([sys.executable, "-c", COUNTED, str(script), *more], cwd=tmp_path, capture_output=True,
+                          text=True, env={**os.environ, "COURSE_QUICK": "1", "PYTHONPATH": str(INSTRUCTOR.parent.parent),
+                                          "OMP_NUM_THREADS": "1"}, timeout=500)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["code"] == 0, result["output"]
@@ -294,11 +298,14 @@ REPLAYED = {   # training the records cannot show, in the run that counts only: 
 
 
 def test_the_run_that_counts_of_the_solution_replays_to_its_checkpoints(tmp_path):
-    result = counted_run(script_with(tmp_path), tmp_path)
+    """On the CPU, with one thread as the grader's judging process has, to the bit; and with a checkpoint gone, the
+    replay goes on from where its own epoch ended and still compares the epochs after it."""
+    result = counted_run(script_with(tmp_path), tmp_path, "and without its second checkpoint")
     assert result["verdict"] is None, result
-    replay = result["replay"]
+    replay, gap = result["replay"], result["gap"]
     assert replay["replayed"] and replay["flag"] is None, replay
     assert len(replay["epochs"]) >= 3 and all(e["differs"] <= 0.01 * e["moved"] for e in replay["epochs"]), replay
+    assert gap["flag"] is None and [e["epoch"] for e in gap["epochs"]] == [1, *range(3, len(replay["epochs"]) + 1)], gap
 
 
 @pytest.mark.parametrize("trick", REPLAYED, ids=list(REPLAYED))

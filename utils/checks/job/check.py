@@ -301,8 +301,8 @@ class JobCheck:
     def replay_epochs(self, world_size: int, epochs: list, steps: list, drop_last: bool, starts, dataset=None):
         """The run's epochs taken again in one process, as ``reference_run`` trains (one thread, the probe's dropout
         masks, the recorded optimizer steps): epoch i starts from the weights ``starts(i)`` returns (a state_dict:
-        the seed's initialisation, or the run's own checkpoint of the epoch before), with the optimizer's state the
-        replay reached; yields each epoch's end weights. Starting each epoch from the run's own weights keeps
+        the seed's initialisation, or the run's own checkpoint of the epoch before; None: where the replay's
+        previous epoch ended), with the optimizer's state the replay reached; yields each epoch's end weights. Starting each epoch from the run's own weights keeps
         rounding from growing over the epochs: what a replayed epoch ends with differs from the run's checkpoint
         only by that epoch's own arithmetic, unless the run trained otherwise than its records show."""
         threads = torch.get_num_threads()
@@ -313,7 +313,9 @@ class JobCheck:
             dropout = SimulatedGPUs({"eval_in_train_mode": 0}, 1, simulate=False)
             step = 0
             for i, epoch in enumerate(epochs):
-                model.load_state_dict(starts(i))
+                start = starts(i)
+                if start is not None:
+                    model.load_state_dict(start)
                 batches = self._epoch_batches(dataset, world_size, epoch, drop_last)
                 step, _ = self._train_epoch(model, stepper, dataset, batches, dropout, step)
                 yield {k: v.detach().clone() for k, v in model.state_dict().items()}
