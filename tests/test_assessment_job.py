@@ -181,12 +181,14 @@ UNCHECKED = {   # a script that trains otherwise when the check's simulated GPUs
     # an outside review: extra passes at the baseline's batch, outside DDP and the optimizer, passed
     "extra training by hand": (("        dist.all_reduce(totals)",
                                 "        if not os.environ.get('COURSE_PROBE_GPUS'):\n"
+                                "            model.eval()   # no dropout: the probe's dropout count would refuse it first\n"
                                 "            for xb, yb in DataLoader(train_set, batch_size=32):\n"
                                 "                model.zero_grad()\n"
                                 "                F.cross_entropy(model(xb.to(device)), yb.to(device)).backward()\n"
                                 "                with torch.no_grad():\n"
                                 "                    for p in model.parameters():\n"
                                 "                        p -= 0.02 * p.grad\n"
+                                "            model.train()\n"
                                 "        dist.all_reduce(totals)"),
                                "weights changed"),
     # an outside review: an offset that cancels the given seed (the sampler shuffles with seed + epoch value) made
@@ -200,12 +202,14 @@ UNCHECKED = {   # a script that trains otherwise when the check's simulated GPUs
     # the model (here: 40 steps by hand at the baseline's batch), then trained as asked
     "weights trained before DDP": (("    ddp_model = DDP(",
                                     "    if not os.environ.get('COURSE_PROBE_GPUS'):\n"
+                                    "        model.eval()   # no dropout: the probe's dropout count would refuse it first\n"
                                     "        for xb, yb in list(DataLoader(train_set, batch_size=32, shuffle=True))[:40]:\n"
                                     "            model.zero_grad()\n"
                                     "            F.cross_entropy(model(xb.to(device)), yb.to(device)).backward()\n"
                                     "            with torch.no_grad():\n"
                                     "                for p in model.parameters():\n"
                                     "                    p -= 0.02 * p.grad\n"
+                                    "        model.train()\n"
                                     "    ddp_model = DDP("),
                                    "not the initialisation its seed gives"),
     # other weights saved as the DDP model's: a state_dict hook that changes what state_dict() returns (an outside
@@ -264,6 +268,17 @@ UNCHECKED = {   # a script that trains otherwise when the check's simulated GPUs
                                                "        optimizer = SGD(ddp_model.parameters(), dict(optimizer.defaults, lr=optimizer.param_groups[0]['lr']))\n"
                                                "        schedule = torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)\n"),
                                               "is a class of the script's own"),
+    # training by hand outside DDP with the model in train mode: its dropout, outside a training step, refuses it
+    "extra training by hand, dropout on": (("        dist.all_reduce(totals)",
+                                            "        if not os.environ.get('COURSE_PROBE_GPUS'):\n"
+                                            "            for xb, yb in DataLoader(train_set, batch_size=32):\n"
+                                            "                model.zero_grad()\n"
+                                            "                F.cross_entropy(model(xb.to(device)), yb.to(device)).backward()\n"
+                                            "                with torch.no_grad():\n"
+                                            "                    for p in model.parameters():\n"
+                                            "                        p -= 0.02 * p.grad\n"
+                                            "        dist.all_reduce(totals)"),
+                                           "ran dropout in train mode outside a training step"),
 }
 
 
