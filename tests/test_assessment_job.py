@@ -268,17 +268,6 @@ UNCHECKED = {   # a script that trains otherwise when the check's simulated GPUs
                                                "        optimizer = SGD(ddp_model.parameters(), dict(optimizer.defaults, lr=optimizer.param_groups[0]['lr']))\n"
                                                "        schedule = torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)\n"),
                                               "is a class of the script's own"),
-    # training by hand outside DDP with the model in train mode: its dropout, outside a training step, refuses it
-    "extra training by hand, dropout on": (("        dist.all_reduce(totals)",
-                                            "        if not os.environ.get('COURSE_PROBE_GPUS'):\n"
-                                            "            for xb, yb in DataLoader(train_set, batch_size=32):\n"
-                                            "                model.zero_grad()\n"
-                                            "                F.cross_entropy(model(xb.to(device)), yb.to(device)).backward()\n"
-                                            "                with torch.no_grad():\n"
-                                            "                    for p in model.parameters():\n"
-                                            "                        p -= 0.02 * p.grad\n"
-                                            "        dist.all_reduce(totals)"),
-                                           "ran dropout in train mode outside a training step"),
 }
 
 
