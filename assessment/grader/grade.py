@@ -101,7 +101,8 @@ def _fresh_images(seed: int):
     """EVAL_SIZE held-out images the submission never saw, drawn like the course's (difficulty included)."""
     from utils import data
     from assessment import settings
-    return data.shapes(num_samples=settings.EVAL_SIZE * 5 // 4 // 10 * 10, seed=seed, difficulty=settings.DIFFICULTY)
+    return data.shapes(num_samples=settings.EVAL_SIZE * 5 // 4 // 10 * 10, seed=seed, difficulty=settings.DIFFICULTY,
+                       cache=False)   # drawn once: not kept
 
 
 def judge_checkpoints(folder: Path, seed: int) -> tuple[int | None, str]:

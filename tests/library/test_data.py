@@ -1,5 +1,6 @@
 import pickle
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -186,7 +187,7 @@ _STANDARD_REFERENCE = {
 def test_shapes_standard_images_are_unchanged(key):
     num_samples, size, channels, seed = key
     sums, ramp_sums, labels = _STANDARD_REFERENCE[key]
-    d = data.shapes(num_samples, size=size, channels=channels, seed=seed)
+    d = data.shapes(num_samples, size=size, channels=channels, seed=seed, cache=False)   # drawn here, not read back
     same = data.shapes(num_samples, size=size, channels=channels, seed=seed, difficulty="standard")
     assert torch.equal(d.x_train, same.x_train) and torch.equal(d.x_test, same.x_test)
     x = torch.cat([d.x_train, d.x_test]).double()
@@ -194,6 +195,56 @@ def test_shapes_standard_images_are_unchanged(key):
     assert "".join(map(str, torch.cat([d.y_train, d.y_test]).tolist())) == labels
     assert torch.allclose(x.sum((1, 2, 3)), torch.tensor(sums, dtype=torch.float64), atol=0.05)
     assert torch.allclose((x * ramp).sum((1, 2, 3)), torch.tensor(ramp_sums, dtype=torch.float64), atol=0.05)
+
+
+def _same(a, b) -> bool:
+    return all(torch.equal(getattr(a, k), getattr(b, k)) for k in ("x_train", "y_train", "x_test", "y_test"))
+
+
+def test_a_drawn_set_is_read_back_by_the_next_load_bit_for_bit(course_env, tmp_path):
+    course_env.setenv("COURSE_DATA_DIR", str(tmp_path))
+    drawn = data.shapes(200, seed=4, difficulty="hard")
+    files = list((tmp_path / "shapes-cache").glob("*.npz"))
+    assert len(files) == 1
+    course_env.setattr(data, "_render", lambda *a, **k: pytest.fail("drawn again although it was kept"))
+    assert _same(data.shapes(200, seed=4, difficulty="hard"), drawn)
+    assert _same(data.load("shapes", train_size=60, num_samples=200, seed=4, difficulty="hard"),
+                 data.load("shapes", train_size=60, num_samples=200, seed=4, difficulty="hard"))
+    with pytest.raises(pytest.fail.Exception):   # other arguments are another file
+        data.shapes(200, seed=5, difficulty="hard")
+
+
+def test_a_damaged_cache_file_is_drawn_again_and_replaced(course_env, tmp_path):
+    course_env.setenv("COURSE_DATA_DIR", str(tmp_path))
+    drawn = data.shapes(100, seed=2, cache=False)
+    data.shapes(100, seed=2)
+    (kept,) = (tmp_path / "shapes-cache").glob("*.npz")
+    kept.write_bytes(kept.read_bytes()[:5000])            # cut short, as by a full disk
+    assert _same(data.shapes(100, seed=2), drawn)
+    assert kept.stat().st_size > 5000 and _same(data.shapes(100, seed=2), drawn)
+    np.savez(kept, images=np.zeros((3, 1, 28, 28), np.float32), labels=np.zeros(3, np.int64))   # the wrong set
+    assert _same(data.shapes(100, seed=2), drawn)
+
+
+def test_no_cache_is_kept_where_none_can_be_written_or_none_is_wanted(course_env, tmp_path):
+    course_env.setenv("COURSE_DATA_DIR", str(tmp_path / "nowhere"))
+    (tmp_path / "nowhere").write_text("a file, not a folder")      # as a read-only course folder: nothing written
+    drawn = data.shapes(100, seed=2)
+    course_env.setenv("COURSE_DATA_DIR", str(tmp_path / "sets"))
+    assert _same(data.shapes(100, seed=2, cache=False), drawn) and not (tmp_path / "sets").exists()
+
+
+def test_the_least_recently_used_sets_go_when_the_cache_is_full(course_env, tmp_path):
+    course_env.setenv("COURSE_DATA_DIR", str(tmp_path))
+    one_set = 100 * 28 * 28 * 4
+    course_env.setattr(data, "SHAPES_CACHE_BYTES", int(2.5 * one_set))
+    for seed in range(4):
+        data.shapes(100, seed=seed)
+        time.sleep(0.01)                                   # distinct modification times
+    assert len(list((tmp_path / "shapes-cache").glob("*.npz"))) == 2
+    course_env.setattr(data, "_render", lambda *a, **k: pytest.fail("the newest sets were pruned"))
+    data.shapes(100, seed=3), data.shapes(100, seed=2)
+    assert not list((tmp_path / "shapes-cache").glob("*.part"))
 
 
 def test_shapes_hard_is_another_balanced_deterministic_set():
