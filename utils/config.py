@@ -6,7 +6,7 @@ setting changes all of them:
 - ``COURSE_QUICK=1``: quick mode, small sizes for the test suite (about a minute a lab).
 - ``COURSE_DEVICE``: ``auto`` (default: cuda, then mps, then cpu), ``cpu``, ``cuda``,
   ``cuda:N`` or ``mps``.
-- ``COURSE_DATA_DIR``: where datasets are read from and downloaded to
+- ``COURSE_DATA_DIR``: where datasets are read from and downloaded to, and drawn ``shapes`` sets kept
   (default: ``data/`` at the top of the course).
 - ``COURSE_DATASET``: the image dataset the later labs use (see ``utils.data.DATASETS``).
 - ``COURSE_DOWNLOAD=0``: never try the network; missing files raise an error instead.
