@@ -35,6 +35,8 @@ from concurrent.futures import as_completed
 from dataclasses import dataclass
 from typing import Any
 
+from .train import progress_bar
+
 
 @dataclass
 class Run:
@@ -141,14 +143,6 @@ def _check(fn, configs, workers, threads_per_engine) -> list[dict]:
     return [dict(config) for config in configs]
 
 
-def _progress_bar(total: int, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="sweep", unit="run")
-
-
 def _code_spans(fn) -> list[tuple[str, int, int, str]]:
     """(name, first line, last line, file) of fn's code, the functions and lambdas inside it, and the
     functions it calls by a global name or holds in a closure, recursively."""
@@ -243,25 +237,23 @@ def run(fn, configs, workers, *, progress: bool = True, threads_per_engine: int 
                for config in configs]
     position = {id(future): i for i, future in enumerate(pending)}
     runs: list[Run | None] = [None] * len(configs)
-    bar = _progress_bar(len(configs), progress)
+    bar = progress_bar(len(configs), progress, desc="sweep", unit="run", leave=True)
     failed = 0
     try:
         for future in as_completed(pending):
             i = position[id(future)]
             runs[i] = _record(future, configs[i], workers, spans)
             failed += not runs[i].ok
-            if bar is not None:
-                if failed:
-                    bar.set_postfix(failed=failed, refresh=False)
-                bar.update(1)
+            if failed:
+                bar.set_postfix(failed=failed, refresh=False)
+            bar.update(1)
     except KeyboardInterrupt:
         for future in pending:
             if not future.done():
                 future.abort()
         raise
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     if failed:
         lines = [f"  {i}: {run.config}: {run.error.splitlines()[-1]}" for i, run in enumerate(runs) if not run.ok]
         warnings.warn(f"{failed} of {len(runs)} configurations failed (their Run.error holds the traceback):\n"

@@ -176,7 +176,7 @@ def train(model: nn.Module, data, *, batch_size: int = 64, lr: float = 0.1, lr_e
     history = History(batch_size=batch_size, device=str(device))
     timer = StepTimer(device)
     batches = epoch_batches(x_train, y_train, batch_size, seed=seed, shuffle=shuffle)
-    bar = _progress_bar(n_steps, progress)
+    bar = progress_bar(n_steps, progress)
     last_logged = 0
     for step in range(n_steps):
         xb, yb = next(batches)  # a new epoch's shuffle happens here, outside the timed step
@@ -225,13 +225,16 @@ def time_steps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: i
 
 class _NoBar:
     def update(self, n): pass
+    def set_postfix(self, **values): pass
     def write(self, line): print(line)
     def close(self): pass
 
 
-def _progress_bar(total: int, enabled: bool):
+def progress_bar(total: int, enabled: bool, desc: str = "training", unit: str = "step", leave: bool = False):
+    """A tqdm bar of ``total`` items (training steps, a sweep's runs), or, when not ``enabled``, one that
+    shows nothing but what is written through it."""
     if not enabled:
         return _NoBar()
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc="training", unit="step", leave=False)
+    return tqdm(total=total, desc=desc, unit=unit, leave=leave)

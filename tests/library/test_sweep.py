@@ -54,7 +54,7 @@ class _Bar:
 
 def test_results_come_in_configuration_order_when_engines_finish_out_of_order(workers, monkeypatch):
     bars = []
-    monkeypatch.setattr(sweep, "_progress_bar", lambda total, enabled: bars.append(_Bar(total)) or bars[-1])
+    monkeypatch.setattr(sweep, "progress_bar", lambda total, enabled, **style: bars.append(_Bar(total)) or bars[-1])
 
     def slow_first(index, pause):
         time.sleep(pause)
