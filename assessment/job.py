@@ -18,6 +18,7 @@ malformed one fails the criterion); ``check_job`` does both here, for the notebo
 from __future__ import annotations
 
 import json
+import math
 import sys
 import tempfile
 from pathlib import Path
@@ -332,6 +333,9 @@ def replay_counted_run(folder: Path, seed: int, checkpoints: Path, load_state) -
         return {"flag": f"the run that counts could not be replayed: its records hold {len(steps)} of its {taken} "
                         f"optimizer steps", "epochs": [], "replayed": False}
     epochs = [value for sampler in _training_samplers(records[0], check) for value in sampler["iterated"]]
+    if len(epochs) != settings.EPOCHS:
+        return {"flag": f"the run that counts could not be replayed: its records hold {len(epochs)} of its "
+                        f"{settings.EPOCHS} epochs", "epochs": [], "replayed": False}
     saved = [load_state(Path(checkpoints) / settings.checkpoint_name(e)) for e in range(1, len(epochs) + 1)]
     torch.manual_seed(check.job["seed"])
     initial = models.CNN(_training_set(check).input_shape, dropout=check.job["dropout"]).state_dict()
@@ -350,6 +354,11 @@ def replay_counted_run(folder: Path, seed: int, checkpoints: Path, load_state) -
         moved = sum(float((ended[k].double() - start[k].double()).pow(2).sum()) for k in ended) ** 0.5
         differs = sum(float((ended[k].double() - replayed[k].double()).pow(2).sum()) for k in ended) ** 0.5
         compared.append({"epoch": epoch, "differs": differs, "moved": moved})
+        if not math.isfinite(differs) or not math.isfinite(moved):   # NaN compares False: never read as a match
+            flag = flag or (f"checkpoint {settings.checkpoint_name(epoch)} could not be compared with its replay: the "
+                            f"distance is {differs} (the epoch moved the weights {moved}); the records hold settings "
+                            f"or the checkpoint weights that are not finite numbers")
+            continue
         if differs > max(REPLAY_FLOOR, REPLAY_TOLERANCE * moved) and flag is None:
             start_name = ("the seed's initialisation" if epoch == 1 else "the checkpoint before it"
                           if starts[epoch - 1] is not None else "where its replay of the epoch before ended")
@@ -357,10 +366,24 @@ def replay_counted_run(folder: Path, seed: int, checkpoints: Path, load_state) -
                     f"again in one process from {start_name}, the epoch ends {differs:.3g} away from it (the epoch moved the "
                     f"weights {moved:.3g}, both distances over all weights; "
                     f"a run trained as its records show differs by rounding only, under {REPLAY_TOLERANCE:.0%} of that): "
-                    f"it trained otherwise than its records show (gradients or inputs changed inside its steps)")
+                    f"it trained otherwise than its records show (gradients or inputs changed inside its steps)"
+                    f"{_rounding_evidence(records[0])}")
     if not compared:
         flag = "the run that counts could not be replayed: none of its checkpoints could be read"
     return {"flag": flag, "epochs": compared, "replayed": bool(compared)}
+
+
+def _rounding_evidence(record: dict) -> str:
+    """What else rounded the run's steps unlike the replay (one thread, float32, the CPU), from the probe's record:
+    the instructor weighs a flag on a GPU run, with TF32, or on several threads with that in mind."""
+    numerics = record.get("numerics")
+    if not isinstance(numerics, dict):
+        return ""
+    found = [text for key, text in (("cuda", "on a GPU"), ("tf32", "with TF32 on")) if numerics.get(key) is True]
+    threads = numerics.get("threads")
+    if isinstance(threads, int) and not isinstance(threads, bool) and threads > 1:
+        found.append(f"on {threads} torch threads per process")
+    return f"; the run trained {', '.join(found)}, which rounds otherwise than the replay" if found else ""
 
 
 def _training_samplers(record: dict, check: JobCheck) -> list:

@@ -149,11 +149,25 @@ result = export.run(["-m", "utils.checks.job.probe", sys.argv[1], *(f"--{k.repla
                     timeout=400)
 verdict = job.judge_counted_run(Path("records"), seed, Path("checkpoints"))
 replay = job.replay_counted_run(Path("records"), seed, Path("checkpoints"), job._load_trusted_state) if verdict is None else None
-gap = None
+gap = tampered = None
 if verdict is None and len(sys.argv) > 2:   # the same run with its second checkpoint gone: replayed past the gap
+    # and its records rewritten after the run, as a script that finds the probe's record in memory can (an outside
+    # review: a NaN learning rate made every replayed distance NaN, which no comparison flagged)
+    tampered = {}
+    for name, edit in (("nan_lr", lambda rec: rec["steps"][0]["groups"][0]["settings"].update(lr=float("nan"))),
+                       ("steps_claimed", lambda rec: rec.update(optimizer_steps=10**6))):
+        folder = Path(name)
+        folder.mkdir()
+        for path in Path("records").glob("rank*.json"):
+            record = json.loads(path.read_text())
+            edit(record)
+            (folder / path.name).write_text(json.dumps(record))
+        tampered[name] = {"verdict": job.judge_counted_run(folder, seed, Path("checkpoints")),
+                          "flag": job.replay_counted_run(folder, seed, Path("checkpoints"), job._load_trusted_state)["flag"]}
     Path("checkpoints", settings.checkpoint_name(2)).rename("second.pt")
     gap = job.replay_counted_run(Path("records"), seed, Path("checkpoints"), job._load_trusted_state)
-print(json.dumps({"code": result.code, "verdict": verdict, "replay": replay, "gap": gap, "output": result.output[-2000:]}))
+print(json.dumps({"code": result.code, "verdict": verdict, "replay": replay, "gap": gap, "tampered": tampered,
+                  "output": result.output[-2000:]}))
 """
 
 
@@ -311,6 +325,11 @@ def test_the_run_that_counts_of_the_solution_replays_to_its_checkpoints(tmp_path
     assert replay["replayed"] and replay["flag"] is None, replay
     assert len(replay["epochs"]) >= 3 and all(e["differs"] <= 0.01 * e["moved"] for e in replay["epochs"]), replay
     assert gap["flag"] is None and [e["epoch"] for e in gap["epochs"]] == [1, *range(3, len(replay["epochs"]) + 1)], gap
+    nan, claimed = result["tampered"]["nan_lr"], result["tampered"]["steps_claimed"]
+    assert nan["verdict"] and "lr=nan (step 0)" in nan["verdict"] and "finite number" in nan["verdict"], nan
+    assert nan["flag"] and "could not be compared with its replay" in nan["flag"], nan
+    assert claimed["verdict"] and "counts 1000000 optimizer steps but holds" in claimed["verdict"], claimed
+    assert claimed["flag"] and "of its 1000000 optimizer steps" in claimed["flag"], claimed
 
 
 @pytest.mark.parametrize("trick", REPLAYED, ids=list(REPLAYED))
@@ -321,6 +340,28 @@ def test_training_the_records_cannot_show_is_flagged_by_the_replay(trick, tmp_pa
     assert flag and "epoch_01.pt is not what its epoch's recorded steps give" in flag, result["replay"]
 
 
+def test_recorded_settings_are_taken_only_as_finite_numbers_flags_or_short_tuples_and_gpu_flags_replay_on_the_cpu():
+    """An outside review: NaN, infinite, negative, huge or non-numeric learning rates passed the judge and reached
+    torch's own errors in the replay; an honest GPU run's capturable Adam could not be replayed on the CPU."""
+    import torch
+
+    from utils.checks.job.check import _Replay, _plain_setting
+    for key, value in (("lr", 0.1), ("lr", 0), ("momentum", 0.9), ("nesterov", True), ("foreach", None),
+                       ("betas", [0.9, 0.999]), ("weight_decay", 5e-4), ("eps", 1e-8)):
+        assert _plain_setting(key, value), (key, value)
+    for key, value in (("lr", float("nan")), ("lr", float("inf")), ("lr", -0.1), ("lr", 10**400), ("lr", [0.1] * 5),
+                       ("betas", [0.9, float("nan")]), ("lr", {"a": 1}), ("momentum", "x" * 100)):
+        assert not _plain_setting(key, value), (key, value)
+    model = torch.nn.Linear(3, 2)
+    settings = {"lr": 0.01, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0, "amsgrad": False,
+                "capturable": True, "fused": True, "foreach": None, "differentiable": False, "maximize": False}
+    steps = [{"class": "torch.optim.adam.Adam", "groups": [{"params": [0, 1], "settings": settings}]}] * 2
+    replay = _Replay(model, steps)
+    model(torch.randn(4, 3)).sum().backward()
+    replay.step()
+    assert replay.optimizer.param_groups[0]["capturable"] is False and replay.optimizer.param_groups[0]["lr"] == 0.01
+
+
 def test_the_replay_takes_torchs_and_the_courses_optimizers_but_none_that_runs_the_model_in_its_step():
     import torch
 
@@ -328,5 +369,6 @@ def test_the_replay_takes_torchs_and_the_courses_optimizers_but_none_that_runs_t
     from utils.checks.job.check import _optimizer_class
     assert _optimizer_class("torch.optim.sgd.SGD") is torch.optim.SGD
     assert _optimizer_class("utils.optim.LAMB") is optim.LAMB and _optimizer_class("utils.optim.NovoGrad") is optim.NovoGrad
+    assert _optimizer_class("torch.optim.optimizer.Optimizer") is None and _optimizer_class("torch.optim.SparseAdam") is None
     assert _optimizer_class("torch.optim.lbfgs.LBFGS") is None      # its closure: several passes per step
     assert _optimizer_class("elsewhere.SGD") is None and _optimizer_class("utils.optim.ConstantLR") is None

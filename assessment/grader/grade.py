@@ -203,7 +203,9 @@ def _grade(path: Path, out: Path, options: argparse.Namespace, grade: Grade) -> 
             grade.reasons = {name: prepared["refused"] for name in criteria}
             return
         grade.notes = list(prepared["notes"])
-        env = {"COURSE_QUICK": "1" if options.quick else "0", "PYTHONPATH": options.course}
+        # COURSE_DATA_DIR in the sandbox's own home: the processes of one submission share the course's drawn
+        # images (utils.data's cache), and no submission's files reach another's or the grader's.
+        env = {"COURSE_QUICK": "1" if options.quick else "0", "PYTHONPATH": options.course, "COURSE_DATA_DIR": "~/course-data"}
         # Drawn for each submission: no learner can tune on the graded run, and another learner's records are
         # for another seed (the job's shuffles and initial weights follow it).
         given = getattr(options, "counted_seed", None)

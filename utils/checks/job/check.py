@@ -159,11 +159,24 @@ def _optimizer_class(name: str):
         found = getattr(torch.optim, qualname, None)
         if found is torch.optim.LBFGS:   # its closure runs the model up to max_iter times in one step: steps would
             return None                  # not be the time to the target, nor the same for every submission
+        if found in (torch.optim.Optimizer, torch.optim.SparseAdam):   # the base class steps nothing; SparseAdam
+            return None                                                 # needs sparse gradients, which DDP never gives
     elif module == "utils.optim":
         found = getattr(course_optimizers, qualname, None)
     else:
         return None
     return found if isinstance(found, type) and issubclass(found, torch.optim.Optimizer) else None
+
+
+def _plain_setting(key: str, value) -> bool:
+    """A recorded optimizer setting the replay can take as given: a finite number (a learning rate not below 0), a
+    flag, None, a short name, or a short tuple of finite numbers (Adam's betas)."""
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < 1e12   # NaN compares False
+    if value is None or isinstance(value, bool) or (isinstance(value, str) and len(value) <= 40):
+        return True
+    if isinstance(value, list):
+        return len(value) <= 4 and all(number(v) for v in value)
+    return number(value) and (key != "lr" or value >= 0)
 
 
 def _settings_of(step: dict) -> str:
@@ -185,9 +198,13 @@ class _Replay:
         self.optimizer = _optimizer_class(first["class"])(groups, lr=groups[0]["lr"])
         self.steps, self.taken = steps, 0
 
-    @staticmethod
-    def _settings(group: dict) -> dict:
-        return {key: tuple(value) if isinstance(value, list) else value for key, value in group["settings"].items()}
+    # How an optimizer runs, not what it computes: a GPU run's capturable or fused Adam is replayed on the CPU
+    IMPLEMENTATION = {"capturable": False, "fused": None, "foreach": None, "differentiable": False}
+
+    @classmethod
+    def _settings(cls, group: dict) -> dict:
+        settings = {key: tuple(value) if isinstance(value, list) else value for key, value in group["settings"].items()}
+        return {**settings, **{key: value for key, value in cls.IMPLEMENTATION.items() if key in settings}}
 
     def zero_grad(self):
         self.optimizer.zero_grad()
@@ -697,6 +714,17 @@ class JobCheck:
             odd = [str(v) for group in groups for v in group["settings"].values() if isinstance(v, str) and v.startswith("<")]
             expect(not odd, f"{self.label}: {_who(rec)}'s optimizer has settings the check cannot take again ({odd}): "
                             f"give it numbers.")
+            expect(all(group["params"] for group in groups),
+                   f"{self.label}: {_who(rec)}'s optimizer has parameter groups that hold no parameter: give each group "
+                   f"some of the model's parameters, or use one group.")
+            bad = next((f"{key}={value!r} (step {at})" for at, step in enumerate(steps) for group in step["groups"]
+                        for key, value in group["settings"].items() if not _plain_setting(key, value)), None)
+            expect(bad is None,
+                   f"{self.label}: {_who(rec)}'s optimizer took a step with {bad}: every setting must be a finite number "
+                   f"(a learning rate of 0 or more), a flag, or a short tuple of numbers (Adam's betas).")
+            expect(rec.get("optimizer_steps", len(steps)) == len(steps),
+                   f"{self.label}: {_who(rec)}'s record counts {rec.get('optimizer_steps')} optimizer steps but holds "
+                   f"{len(steps)}: it was changed after the steps were recorded.")
             differs = next((at for at, (mine, ref) in enumerate(zip(steps, first)) if mine != ref), None)
             expect(differs is None,
                    f"{self.label}: {_who(rec)}'s optimizer step {differs} had the settings "
@@ -727,7 +755,7 @@ class JobCheck:
             if abs(loss - ref["train_loss"]) > LOSS_TOLERANCE * max(1.0, ref["train_loss"]):
                 expect(False, f"{self.label}: epoch {epoch}'s train_loss is {loss:.6f}, but over all {nproc} ranks' samples it is "
                               f"{ref['train_loss']:.6f}"
-                              + (f" (yours is rank 0's own loss: average over ranks with dist.all_reduce of the loss sum "
+                              + (" (yours is rank 0's own loss: average over ranks with dist.all_reduce of the loss sum "
                                  f"and the sample count)." if own else
                                  ". Sum loss * batch size and the sample counts on each rank, all_reduce both, divide."))
             expect(abs(accuracy - ref["test_accuracy"]) <= 1.5 / self.job["test_size"],
