@@ -756,7 +756,7 @@ class JobCheck:
                 expect(False, f"{self.label}: epoch {epoch}'s train_loss is {loss:.6f}, but over all {nproc} ranks' samples it is "
                               f"{ref['train_loss']:.6f}"
                               + (" (yours is rank 0's own loss: average over ranks with dist.all_reduce of the loss sum "
-                                 f"and the sample count)." if own else
+                                 "and the sample count)." if own else
                                  ". Sum loss * batch size and the sample counts on each rank, all_reduce both, divide."))
             expect(abs(accuracy - ref["test_accuracy"]) <= 1.5 / self.job["test_size"],
                    f"{self.label}: epoch {epoch}'s test_accuracy is {accuracy:.4f}, but the model at that point scores "
