@@ -15,6 +15,7 @@ Used by lab 05's checks, tests/library/test_ddp.py and benchmarks. Every rank mu
 from __future__ import annotations
 
 import contextlib
+import statistics
 
 import torch
 import torch.distributed as dist
@@ -126,3 +127,53 @@ def compare_with_single_process(wrap, make_model=AwkwardNet, *, steps: int = 4, 
     train_single_process(reference, batches, lr=lr, device=device, micro_batches=micro_batches)
     replicas.assert_replicas_equal(model, group)
     return differences(reference, model)
+
+
+# --- section 7: the bucket-size sweep, its figure and what it resolved ----------------------------------------------
+
+def say_bucket_sweep(caps_mb: list, rounds: dict, wrappers: list) -> list[str]:
+    """Lab 05's verdicts on its sweep, each through ``utils.outcomes`` (so that tests re-derive them from the
+    numbers): at each bucket size, the learner's wrapper (``wrappers[0]``) against torch's DDP (``wrappers[1]``),
+    one step time per round each; then the best bucketed step against the flat wrapper's. ``rounds[name]``: one
+    list of per-round step times (seconds) per bucket size, or a single list for a wrapper without buckets."""
+    from utils import outcomes
+
+    mine, torchs = wrappers
+    lines = []
+    for cap, ours, theirs in zip(caps_mb, rounds[mine], rounds[torchs]):
+        said = outcomes.compare(mine, [s * 1e3 for s in ours], "torch DDP", [s * 1e3 for s in theirs], unit=" ms")
+        lines.append(f"  bucket_cap_mb {cap:g}: {mine} against torch DDP: " + {
+            "higher": "slower, beyond the rounds' spread", "lower": "faster, beyond the rounds' spread",
+            "within the spread": "within the rounds' spread: noise", "not judged": "one round each, not judged"}[said])
+    best_name, best_cap = min(((name, i) for name in wrappers for i in range(len(caps_mb))),
+                              key=lambda pick: statistics.mean(rounds[pick[0]][pick[1]]))
+    best = [s * 1e3 for s in rounds[best_name][best_cap]]
+    said = outcomes.compare(f"{best_name} at {caps_mb[best_cap]:g} MiB", best, "flat", [s * 1e3 for s in rounds["flat"][0]],
+                            unit=" ms")
+    lines.append(f"the fastest bucketed step ({best_name} at bucket_cap_mb {caps_mb[best_cap]:g}) against the flat "
+                 f"wrapper's: " + {"higher": "slower, beyond the rounds' spread", "lower": "faster, beyond the rounds' spread",
+                                   "within the spread": "within the rounds' spread: no difference resolved",
+                                   "not judged": "one round each, not judged"}[said])
+    return lines
+
+
+def plot_bucket_sweep(caps_mb: list, rounds: dict, wrappers: list, predicted: dict, title: str):
+    """Each bucketed wrapper's step time against the bucket size (mean of the rounds, bars: their range), its
+    no-overlap prediction (the floor plus every bucket's all-reduce, dashed), and the other wrappers as lines."""
+    import matplotlib.pyplot as plt
+
+    mean_ms = lambda values: statistics.mean(values) * 1e3
+    others = [name for name in rounds if name not in wrappers]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, name in enumerate(wrappers):
+        ax.errorbar(caps_mb, [mean_ms(r) for r in rounds[name]], fmt="o-", color=f"C{i}", capsize=3,
+                    yerr=[(max(r) - min(r)) * 1e3 / 2 for r in rounds[name]], label=f"{name}: measured")
+        kind = "torch DDP" if name == "torch DDP" else "yours"
+        ax.plot(caps_mb, [mean_ms(rounds["no communication"][0]) + predicted[cap][kind][1] * 1e3 for cap in caps_mb], "--",
+                color=f"C{i}", label=f"{name}: predicted, no overlap ({kind} buckets)")
+    for i, name in enumerate(others):
+        ax.axhline(mean_ms(rounds[name][0]), linestyle=":", color=f"C{i + 2}", label=name)
+    ax.set(xscale="log", xlabel="bucket_cap_mb (MiB)", ylabel="step time, slowest rank (ms)", title=title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
