@@ -287,3 +287,55 @@ def test_gpu_report_compares_with_nvidias_time_only_on_cifar10(capsys):
     assert "on the same data set, CIFAR-10" in out and "cannot be compared" not in out
     lab06.print_report([], None, None)
     assert "No GPU here" in capsys.readouterr().out
+
+
+def _timings(ms: dict) -> list[dict]:
+    """Two ranks' time_scaling results for every model: ``ms[(model, mode, k)] = (ddp ms, bare ms)`` per timed step;
+    rank 1 a little faster than rank 0, so that the slowest rank's steps are rank 0's."""
+    ranks = []
+    for slower in (0.0, -0.05):
+        ranks.append({name: {(mode, k): {"ddp": 0.0, "compute": min(c for _, c in steps) + slower,
+                                          "ddp_steps": [d + slower for d, _ in steps],
+                                          "compute_steps": [c + slower for _, c in steps]}
+                             for (model, mode, k), steps in ms.items() if model == name}
+                      for name in lab06.MODELS})
+    return ranks
+
+
+def _steps(ddp_ms, bare_ms, n=5):
+    return [(ddp_ms + 0.01 * i, bare_ms + 0.01 * i) for i in range(n)]
+
+
+def test_live_scaling_judges_only_where_each_worker_had_a_core_and_every_verdict_follows_its_numbers(tmp_path, monkeypatch):
+    from verdict_rules import contradictions
+
+    record = tmp_path / "verdicts.jsonl"
+    monkeypatch.setenv("COURSE_VERDICTS", str(record))
+    small, wide = lab06.MODELS
+    ms = {}
+    for model, comm in ((small, 2.0), (wide, 9.0)):
+        one = _steps(20.0 + comm / 4, 20.0)
+        ms.update({(model, "strong", 1): one, (model, "weak", 1): one,
+                   (model, "strong", 2): _steps(10.0 + comm, 10.0), (model, "weak", 2): _steps(20.0 + comm, 20.0)})
+    live = lab06.LiveScaling(_timings(ms), lab06.MODELS, [1, 2], 64, 64, (1, 28, 28), alpha=1e-4, beta=1e-9)
+    assert live.rates(small, "weak", 2) == [2 * 64 / (22.0 + 0.01 * i) * 1e3 for i in range(5)]
+    assert live.comm_ms(wide, 2) == pytest.approx([9.0] * 5)
+    assert [m for m, _ in zip(*live.communication[small])] == pytest.approx([0.5, 2.0])
+    said = live.verdicts(load=0.0, repeats=5, real_cores=4, cores=4, oversubscribed=False)
+    text = "\n".join(said)
+    assert "efficiency" in text and "below 100% beyond the steps' spread" in text, text
+    assert f"{small}, strong against weak scaling" in text and "strong scaling is lower, as its smaller" in text, text
+    assert f"{wide} sends" in text and "communication was the larger, as the bytes predict" in text, text
+    assert record.exists() and not contradictions(record)
+    assert live.verdicts(load=0.0, repeats=5, real_cores=2, cores=8, oversubscribed=True)[0].startswith("No timing verdict: 2")
+    assert "load average before the run, 1.5" in live.verdicts(load=1.5, repeats=5, real_cores=2, cores=2,
+                                                                oversubscribed=False)[0]
+    assert len(live.table()) == 4 and "k=2" in live.table()[0]
+
+
+def test_live_scaling_refuses_timings_that_measured_one_worker_twice():
+    small, wide = lab06.MODELS
+    ms = {(model, mode, k): _steps(20.0, 19.0) for model in (small, wide) for mode in ("strong", "weak") for k in (1, 2)}
+    ms[(small, "weak", 1)] = _steps(25.0, 19.0)
+    with pytest.raises(ValueError, match="k = 1 must be one measurement"):
+        lab06.LiveScaling(_timings(ms), lab06.MODELS, [1, 2], 64, 64, (1, 28, 28), alpha=1e-4, beta=1e-9)

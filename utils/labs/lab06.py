@@ -169,6 +169,93 @@ def plot_scaling(ks, throughput: dict, predicted: dict, communication: dict, tit
 # Recorded runs of section 3 (benchmarks/bench_lab06_scaling.py: one process per worker, each on a core
 # of its own), which lab 06 shows beside its live run and deck 06 shows as its figure.
 
+class LiveScaling:
+    """Section 3's live measurement, from every rank's ``time_scaling`` results (``per_rank_timings``): per model
+    (``models``: name -> CNN options) and mode ("strong": a global batch of ``global_batch`` shared by k workers;
+    "weak": ``per_rank`` each) the throughput measured (``throughput``, images/s per k) and predicted by the compute +
+    communication model (``predicted``), and per model the communication measured and predicted (``communication``:
+    (ms per k, ms per k)). ``rates`` and ``comm_ms`` give each timed step's numbers; ``verdicts`` says what they show."""
+
+    def __init__(self, per_rank_timings: list, models: dict, ks: list, global_batch: int, per_rank: int, input_shape,
+                 alpha: float, beta: float):
+        from utils.models import CNN
+
+        self.ks, self.models = list(ks), models
+        self.gradients = {name: [p.numel() * p.element_size() for p in CNN(input_shape, **options).parameters()][::-1]
+                          for name, options in models.items()}             # in the order backward produces them
+        self.step = {name: slowest_steps([t[name] for t in per_rank_timings]) for name in models}   # the slowest rank's
+        self.batch = {"strong": lambda k: global_batch // k, "weak": lambda k: per_rank}           # per worker
+        if not all(self.step[name][("weak", 1)]["ddp_steps"] == self.step[name][("strong", 1)]["ddp_steps"] for name in models):
+            raise ValueError("the timings at k = 1 must be one measurement for both modes (time_scaling takes them once)")
+        modes = [(name, mode) for name in models for mode in self.batch]
+        self.throughput = {f"{name}, {mode}": [statistics.median(self.rates(name, mode, k)) for k in self.ks]
+                           for name, mode in modes}
+        self.predicted = {f"{name}, {mode}": [k * self.batch[mode](k) * 1e3 / predicted_step_ms(
+                              self.step[name][("weak", 1)]["compute"], k, self.gradients[name], alpha, beta,
+                              strong=mode == "strong") for k in self.ks] for name, mode in modes}
+        self.communication = {name: ([max(statistics.median(self.comm_ms(name, k)), 0.0) for k in self.ks],
+                                     [1e3 * predicted_comm_seconds(self.gradients[name], k, alpha, beta) for k in self.ks])
+                              for name in models}
+
+    def rates(self, name: str, mode: str, k: int) -> list[float]:
+        """Images/s of each timed step of k workers (each step as slow as its slowest rank)."""
+        return [k * self.batch[mode](k) / ms * 1e3 for ms in self.step[name][(mode, k)]["ddp_steps"]]
+
+    def comm_ms(self, name: str, k: int) -> list[float]:
+        """Each timed step's DDP time minus the bare step taken just after it: communication and bookkeeping."""
+        entry = self.step[name][("weak", k)]
+        return [d - c for d, c in zip(entry["ddp_steps"], entry["compute_steps"])]
+
+    def table(self) -> list[str]:
+        return [f"{label:>22}: " + "; ".join(f"k={k} {m:,.0f} img/s (model {q:,.0f})"
+                                              for k, m, q in zip(self.ks, self.throughput[label], self.predicted[label]))
+                for label in self.throughput]
+
+    def verdicts(self, *, load: float, repeats: int, real_cores: int, cores: int, oversubscribed: bool) -> list[str]:
+        """What the timings of the largest k show, each comparison through ``utils.outcomes``; none when the
+        workers shared cores (``oversubscribed``: COURSE_CORES above the real cores; or a load average that left
+        too few idle)."""
+        from utils import outcomes
+
+        n = self.ks[-1]
+        small, wide = self.models
+        if oversubscribed:
+            return [f"No timing verdict: {n} engines took turns on {real_cores} real cores (COURSE_CORES={cores}), so "
+                    f"these times measure turn-taking. What {n} workers on {n} cores of their own do is in the recorded "
+                    f"runs below."]
+        if n == 1:
+            return ["One core: nothing to scale over here; the recorded runs below had more."]
+        if not load + n <= real_cores:          # the rule the recorded files are held to (contended)
+            return [f"No timing verdict: the load average before the run, {load:.1f}, left fewer idle cores than the {n} "
+                    f"engines on these {real_cores} cores, so their times also measure the other load. The recorded "
+                    f"runs below had a core per worker."]
+        lines = [f"On this machine, {real_cores} cores, load average {load:.1f} before the run "
+                 f"(each line compares the {repeats} timed steps of each side, beyond their spread or not):"]
+        for label in self.throughput:
+            name, mode = label.rsplit(", ", 1)
+            lines.append("  " + speedup_verdict(label, n, self.rates(name, mode, 1), self.rates(name, mode, n)))
+        for name in self.models:
+            said = outcomes.compare(f"{name}: strong scaling at {n} workers", self.rates(name, "strong", n),
+                                    "weak scaling", self.rates(name, "weak", n), unit=" img/s")
+            lines.append(f"  {name}, strong against weak scaling (the same one-worker step divides both): " + {
+                "lower": "strong scaling is lower, as its smaller per-worker batch predicts.",
+                "higher": "strong scaling is higher, against what its smaller per-worker batch predicts: "
+                          "something other than the batch (the machine's load) set these steps.",
+                "within the spread": "not told apart within the steps' spread."}[said])
+        said = outcomes.compare(f"{wide}: communication at {n} workers", self.comm_ms(wide, n),
+                                f"{small}'s", self.comm_ms(small, n), unit=" ms")
+        ratio = sum(self.gradients[wide]) / sum(self.gradients[small])
+        lines.append(f"  {wide} sends {ratio:.0f}x the bytes; its measured communication was " + {
+            "higher": "the larger, as the bytes predict.",
+            "lower": "the smaller: here 'DDP step - computation' follows the machine's load, not the bytes.",
+            "within the spread": "not told apart from the small CNN's within the steps' spread."}[said])
+        for name, (measured, expected) in self.communication.items():
+            lines.append(f"  {name}: communication at {n} workers measured {measured[-1]:.2f} ms (median of the paired "
+                         f"differences; {measured[0]:.2f} ms at 1 worker, where nothing is sent: DDP's bookkeeping), "
+                         f"predicted {expected[-1]:.2f} ms for the all-reduces alone")
+        return lines
+
+
 def recorded_runs(folder=None) -> list[dict]:
     """Every ``lab06_scaling_*.json`` in ``folder`` (default benchmarks/results), fewest cores first."""
     import json
