@@ -339,3 +339,27 @@ def test_live_scaling_refuses_timings_that_measured_one_worker_twice():
     ms[(small, "weak", 1)] = _steps(25.0, 19.0)
     with pytest.raises(ValueError, match="k = 1 must be one measurement"):
         lab06.LiveScaling(_timings(ms), lab06.MODELS, [1, 2], 64, 64, (1, 28, 28), alpha=1e-4, beta=1e-9)
+
+
+def _run(accuracies, seconds=1.0):
+    return [{"epoch": e, "test_accuracy": a, "seconds": seconds, "train_loss": 1.0} for e, a in enumerate(accuracies)], 10.0, ""
+
+
+def test_time_to_accuracy_names_no_winner_from_single_runs_and_none_on_shared_cores(tmp_path, monkeypatch):
+    from verdict_rules import contradictions
+
+    record = tmp_path / "verdicts.jsonl"
+    monkeypatch.setenv("COURSE_VERDICTS", str(record))
+    runs = {1: _run([0.3, 0.5, 0.6], 2.0), 2: _run([0.3, 0.55, 0.62], 1.0), 4: _run([0.35, 0.6, 0.61], 0.6)}
+    lines = lab06.time_to_accuracy_verdicts(runs, train_size=1200, global_batch=64, real_cores=4, cores=4,
+                                            oversubscribed=False)
+    assert lines[0] == "1 process(es): final test accuracy 60.0%, 60.0% reached after 6.0 s of training, 6.0 s for all epochs"
+    assert "reached after 1.2 s" in lines[2] and lines[3].startswith("To 60.0% on this machine (4 cores), one run each: ")
+    assert "one run each, not judged" in lines[4]
+    assert "Every global step held the same samples" in lines[5]            # 1200 samples divide among 1, 2 and 4
+    assert not contradictions(record)
+    shared = lab06.time_to_accuracy_verdicts(runs, train_size=1200, global_batch=64, real_cores=2, cores=8,
+                                             oversubscribed=True)
+    assert shared[3].startswith("No verdict on time: the 4-process run took turns on 2 real cores (COURSE_CORES=8)")
+    assert "held different samples" in lab06.time_to_accuracy_verdicts(
+        {1: runs[1], 3: runs[2]}, train_size=10, global_batch=3, real_cores=4, cores=4, oversubscribed=False)[-1]   # padded

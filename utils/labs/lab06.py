@@ -593,3 +593,63 @@ def plot_time_to_accuracy(job_runs: dict, global_batch: int, epochs: int):
     ax.set_title(f"Time to accuracy, global batch {global_batch}, {epochs} epochs")
     ax.legend(fontsize=8)
     return fig
+
+
+def same_global_batches(nprocs, train_size: int, global_batch: int, seed: int = 0) -> bool:
+    """Whether every global step of the job's first epoch holds the same samples whatever the number of processes
+    in ``nprocs``: each DistributedSampler (the script's, at ``seed``) cuts one shuffled order into its share."""
+    from torch.utils.data import DistributedSampler
+
+    def global_steps(nproc):
+        shares = []
+        for rank in range(nproc):
+            sampler = DistributedSampler(range(train_size), num_replicas=nproc, rank=rank, shuffle=True, seed=seed)
+            sampler.set_epoch(0)
+            shares.append(list(sampler))
+        per = global_batch // nproc
+        return [sorted(i for share in shares for i in share[t * per:(t + 1) * per]) for t in range(len(shares[0]) // per)]
+
+    return all(global_steps(nproc) == global_steps(1) for nproc in nprocs)
+
+
+def time_to_accuracy_verdicts(job_runs: dict, *, train_size: int, global_batch: int, real_cores: int, cores: int,
+                              oversubscribed: bool) -> list[str]:
+    """Section 4's verdicts on its runs (``{nproc: (epochs, wall seconds, output)}``, one run each): the time each
+    took to the accuracy every run reached, a winner only through ``utils.outcomes.first_to_target`` (none from
+    single runs, none when processes shared cores), and the final accuracies compared, with why they differ."""
+    from utils import outcomes
+
+    target = min(epochs[-1]["test_accuracy"] for epochs, _, _ in job_runs.values())   # every run reached it
+    lines, reached = [], {}
+    for nproc, (epochs, wall, _) in sorted(job_runs.items()):
+        seconds = 0.0
+        for e in epochs:
+            seconds += e["seconds"]
+            if e["test_accuracy"] >= target:
+                reached[nproc] = seconds
+                break
+        lines.append(f"{nproc} process(es): final test accuracy {epochs[-1]['test_accuracy']:.1%}, {target:.1%} reached "
+                     f"after {reached[nproc]:.1f} s of training, {sum(e['seconds'] for e in epochs):.1f} s for all epochs")
+    epoch_s = max(e["seconds"] for epochs, _, _ in job_runs.values() for e in epochs)    # one evaluation per epoch
+    if oversubscribed:
+        lines.append(f"No verdict on time: the {max(job_runs)}-process run took turns on {real_cores} real cores "
+                     f"(COURSE_CORES={cores}), so its seconds measure turn-taking.")
+    else:
+        # one run each: first_to_target names no winner from a single run (no spread to set against the gap)
+        _, sentence = outcomes.first_to_target({f"{n} process(es)": [s] for n, s in reached.items()}, epoch_s)
+        lines.append(f"To {target:.1%} on this machine ({real_cores} cores), one run each: {sentence}")
+    finals = [epochs[-1]["test_accuracy"] for epochs, _, _ in job_runs.values()]
+    most, one = (job_runs[n][0][-1]["test_accuracy"] for n in (max(job_runs), 1))
+    said = outcomes.compare(f"{max(job_runs)} processes' final test accuracy", [most], "one process's", [one], percent=True)
+    lines.append(f"{max(job_runs)} processes' final test accuracy {most:.1%} against one process's {one:.1%}: "
+                 + ("one run each, not judged: a single run cannot tell a difference from the noise of dropout masks "
+                    "and the order of sums" if said == "not judged" else said))
+    same = same_global_batches(job_runs, train_size, global_batch)
+    lines.append(f"Final test accuracies span {min(finals):.1%} to {max(finals):.1%} "
+                 f"({100 * (max(finals) - min(finals)):.1f} points). "
+                 + ("Every global step held the same samples whatever the number of processes (each DistributedSampler "
+                    "cuts the same shuffled order), so the runs differ only by the dropout masks each process draws "
+                    "and the order of the sums." if same else
+                    "The runs' global steps held different samples (the processes do not divide the data set evenly), "
+                    "and each process draws its own dropout masks."))
+    return lines
