@@ -472,7 +472,7 @@ def plot_step_losses(curves: Mapping[str, Sequence[float]], mark_step: int | Non
     return fig
 
 
-_HISTORY_AXES = {"step": "step", "samples": "training samples seen", "train_loss": "training loss",
+_HISTORY_AXES = {"step": "step", "epochs": "epochs trained", "samples": "training samples seen", "train_loss": "training loss",
                  "test_loss": "test loss", "test_accuracy": "test accuracy"}
 
 
@@ -544,4 +544,22 @@ def plot_power_law(sizes: Sequence[float], values: Sequence[float], slope: float
     ax.set_ylabel(ylabel)
     ax.legend()
     fig.tight_layout()
+    return fig
+
+
+def plot_examples(x, y, class_names: Sequence[str], per_class: int = 2, title: str | None = None):
+    """The first ``per_class`` images of each class (``x``: (n, channels, height, width), grey or colour), one column
+    per class, named above it."""
+    fig, axes = plt.subplots(per_class, len(class_names), figsize=(1.2 * len(class_names), 1.4 * per_class), squeeze=False)
+    for label, column in enumerate(axes.T):
+        picks = (y == label).nonzero().flatten()[:per_class]
+        for ax, index in zip(column, picks):
+            image = x[index].permute(1, 2, 0)
+            ax.imshow(image.squeeze(-1) if image.shape[-1] == 1 else (image - image.min()) / (image.max() - image.min()),
+                      cmap="gray")
+        for ax in column:
+            ax.set_axis_off()
+        column[0].set_title(class_names[label], fontsize=8)
+    if title:
+        fig.suptitle(title)
     return fig

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
+from utils import plotting
 from utils.plotting import plot_against_batch_size, plot_losses, plot_throughput, plot_timeline
 from utils.train import History
 
@@ -166,3 +167,14 @@ def test_plot_landscapes_and_power_law():
     fit = lines_by_label(fig.axes[0])
     line, = [l for name, l in fit.items() if name.startswith("fit")]
     assert line.get_ydata()[1] == pytest.approx(1.0, rel=1e-3)
+
+
+def test_plot_examples_shows_each_class_in_its_own_column():
+    import torch
+
+    x, y = torch.randn(30, 1, 8, 8), torch.arange(30) % 3
+    fig = plotting.plot_examples(x, y, ["a", "b", "c"], per_class=2, title="t")
+    assert len(fig.axes) == 6 and [ax.get_title() for ax in fig.axes[:3]] == ["a", "b", "c"]
+    assert all(len(ax.images) == 1 for ax in fig.axes)
+    colour = plotting.plot_examples(torch.randn(6, 3, 8, 8), torch.arange(6) % 3, ["a", "b", "c"], per_class=1)
+    assert colour.axes[0].images[0].get_array().shape == (8, 8, 3)
