@@ -70,10 +70,10 @@ def best_ms(fn, device, repeats: int, rounds: int = 3, warmup: bool = True) -> f
     return min(elapsed_ms(calls, device) / repeats for _ in range(rounds))
 
 
-def median_ms(fn, device, *, group=None, warmup: int = 3, repeats: int = 10) -> float:
-    """Median synchronised ms of ``fn()`` over ``repeats`` calls after ``warmup`` untimed ones. With a process
+def step_times_ms(fn, device, *, group=None, warmup: int = 3, repeats: int = 10) -> list[float]:
+    """Synchronised ms of each of ``repeats`` calls of ``fn()`` after ``warmup`` untimed ones. With a process
     ``group``, every call starts at a barrier of it (a collective waits for the slowest rank, so each rank's
-    clock starts together); None: this process alone, no barrier. Times the DDP steps of labs 04 and 06."""
+    clock starts together); None: this process alone, no barrier."""
     device = torch.device(device)
     times = []
     for i in range(warmup + repeats):
@@ -82,7 +82,12 @@ def median_ms(fn, device, *, group=None, warmup: int = 3, repeats: int = 10) -> 
         took = elapsed_ms(fn, device)
         if i >= warmup:
             times.append(took)
-    return statistics.median(times)
+    return times
+
+
+def median_ms(fn, device, *, group=None, warmup: int = 3, repeats: int = 10) -> float:
+    """The median of ``step_times_ms``. Times the DDP steps of labs 04 and 06."""
+    return statistics.median(step_times_ms(fn, device, group=group, warmup=warmup, repeats=repeats))
 
 
 def matmul_peak_gflops(device=None, size: int = 2048, repeats: int = 10,

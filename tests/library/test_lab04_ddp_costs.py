@@ -46,6 +46,8 @@ def test_time_ddp_steps_measures_every_k_and_sees_the_buckets_ddp_launches():
                                 for r in per_rank])
     for key, value in merged.items():
         assert value["ddp"] == max(r[f"{key[0]}/{key[1]}"]["ddp"] for r in per_rank if f"{key[0]}/{key[1]}" in r)
+        steps = [r[f"{key[0]}/{key[1]}"]["ddp_steps"] for r in per_rank if f"{key[0]}/{key[1]}" in r]
+        assert value["ddp_steps"] == [max(step) for step in zip(*steps)] and len(value["ddp_steps"]) == 2
         assert all(value[what] > 0 for what in ("ddp", "compute", "all_reduce"))
         # the hook saw exactly the buckets that the prediction expects, in launch order
         assert value["buckets"] == ddp_timing.ddp_bucket_bytes(value["grad_bytes"]), key
@@ -55,3 +57,31 @@ def test_time_ddp_steps_measures_every_k_and_sees_the_buckets_ddp_launches():
 
 def test_one_process_ms_times_a_real_step():
     assert lab04.one_process_ms(TINY, 8, warmup=1, repeats=3) > 0
+    steps = lab04.one_process_steps_ms(TINY, 8, warmup=1, repeats=3)
+    assert len(steps) == 3 and all(ms > 0 for ms in steps)
+
+
+def _cost(ddp_steps, compute=1.0, buckets=(400,)):
+    return {"ddp": sorted(ddp_steps)[len(ddp_steps) // 2], "compute": compute, "all_reduce": 0.1,
+            "grad_bytes": [400], "buckets": list(buckets), "ddp_steps": list(ddp_steps)}
+
+
+def test_say_costs_calls_ddp_faster_or_slower_only_beyond_the_steps_spread(tmp_path, monkeypatch):
+    from verdict_rules import contradictions
+
+    record = tmp_path / "verdicts.jsonl"
+    monkeypatch.setenv("COURSE_VERDICTS", str(record))
+    predicted = {name: {3: {"buckets": [400], "all_reduce_ms": 0.05}} for name in ("fast", "slow", "noisy")}
+    costs = {("fast", 1): _cost([1.2] * 3, compute=1.1), ("fast", 3): _cost([1.5, 1.6, 1.55]),
+             ("slow", 1): _cost([1.1] * 3), ("slow", 3): _cost([9.0, 9.5, 9.2], buckets=(200, 200)),
+             ("noisy", 1): _cost([1.1] * 3), ("noisy", 3): _cost([2.0, 6.0, 3.0])}
+    single = {("fast", 3): [3.0, 3.1, 3.2], ("slow", 3): [3.0, 3.1, 3.2], ("noisy", 3): [2.5, 5.0, 3.5]}
+    lines = lab04.say_costs(costs, predicted, single, ["fast", "slow", "noisy"], 3, 8, threads=2)
+    text = "\n".join(lines)
+    assert "- fast:" in lines[0] and "more, beyond the steps' spread" in lines[0] and lines[1].startswith("  why:")
+    assert "longer than 3 bare steps" not in lines[1] and "used its 2 threads worse" in lines[1]   # 3.1 ms < 3 x 1.1 ms
+    slow = next(line for line in lines if line.startswith("- slow:"))
+    assert "fewer, beyond the steps' spread" in slow and "NOT as predicted" in slow
+    noisy = next(line for line in lines if line.startswith("- noisy:"))
+    assert "not told apart within the steps' spread" in noisy, text
+    assert not contradictions(record) and len(record.read_text().splitlines()) == 3

@@ -13,13 +13,14 @@ all-reduce time from lab 03's alpha-beta model (``utils.ddp_timing``, which lab 
 from __future__ import annotations
 
 import functools
+import statistics
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from utils import models
-from utils.perf import median_ms
+from utils.perf import median_ms, step_times_ms
 from utils.ddp_timing import Workload, ddp_bucket_bytes, predicted_comm_seconds, time_ddp_against_bare
 from utils.train import train_step
 
@@ -78,21 +79,67 @@ def time_ddp_steps(workloads: dict, per_rank_batch: int, device, *, warmup: int 
 
 
 def slowest(per_rank: list[dict]) -> dict:
-    """Per (workload, k): the slowest rank's times (a step ends when every rank's does), and rank 0's buckets."""
+    """Per (workload, k): the slowest rank's times (a step ends when every rank's does), each timed DDP step's
+    slowest rank (``ddp_steps``: the ranks start each step together at a barrier), and rank 0's buckets."""
     merged = {}
     for key, first in per_rank[0].items():
-        merged[key] = {what: max(t[key][what] for t in per_rank if key in t) for what in ("ddp", "compute", "all_reduce")}
+        ranks = [t[key] for t in per_rank if key in t]
+        merged[key] = {what: max(t[what] for t in ranks) for what in ("ddp", "compute", "all_reduce")}
         merged[key].update(grad_bytes=first["grad_bytes"], buckets=first["buckets"])
+        if all("ddp_steps" in t for t in ranks):
+            merged[key]["ddp_steps"] = [max(steps) for steps in zip(*(t["ddp_steps"] for t in ranks))]
     return merged
 
 
-def one_process_ms(cfg: dict, batch: int, *, warmup: int = 3, repeats: int = 10) -> float:
-    """Median ms of one training step of ``models.MLP(**cfg)`` on ``batch`` random samples, in this process."""
+def one_process_steps_ms(cfg: dict, batch: int, *, warmup: int = 3, repeats: int = 10) -> list[float]:
+    """The ms of each timed training step of ``models.MLP(**cfg)`` on ``batch`` random samples, in this process."""
     torch.manual_seed(0)
     net = models.MLP(**cfg)
     x, y = torch.randn(batch, cfg["d_in"]), torch.randint(0, cfg["n_classes"], (batch,))
     optimizer = torch.optim.SGD(net.parameters(), lr=1e-3)
-    return median_ms(lambda: train_step(net, optimizer, x, y), "cpu", warmup=warmup, repeats=repeats)
+    return step_times_ms(lambda: train_step(net, optimizer, x, y), "cpu", warmup=warmup, repeats=repeats)
+
+
+def one_process_ms(cfg: dict, batch: int, *, warmup: int = 3, repeats: int = 10) -> float:
+    """Median ms of one training step of ``models.MLP(**cfg)`` on ``batch`` random samples, in this process."""
+    return statistics.median(one_process_steps_ms(cfg, batch, warmup=warmup, repeats=repeats))
+
+
+def say_costs(costs: dict, predicted: dict, one_process_steps: dict, workloads, n: int, per_rank_batch: int,
+              threads: int) -> list[str]:
+    """Section 6's findings at the largest k, ``n``: per workload, DDP's buckets against the prediction, its cost at
+    k = 1, the computation and communication, and the throughput of n DDP ranks against one process's (each timed
+    step's samples per second, through ``utils.outcomes.compare``: faster or slower only beyond the steps' spread)."""
+    from utils import outcomes
+
+    lines = []
+    for name in workloads:
+        t1, tn = costs[(name, 1)], costs[(name, n)]
+        comm = max(tn["ddp"] - tn["compute"], 0)
+        samples = n * per_rank_batch
+        ddp_rates = [samples / ms * 1e3 for ms in tn.get("ddp_steps", [tn["ddp"]])]
+        single_rates = [samples / ms * 1e3 for ms in one_process_steps[(name, n)]]
+        said = outcomes.compare(f"{name}: {n} DDP ranks", ddp_rates, "one process", single_rates, unit=" samples/s")
+        ratio = statistics.median(ddp_rates) / statistics.median(single_rates)
+        lines.append(
+            f"- {name}: DDP launched {len(tn['buckets'])} bucket(s) of {tn['buckets']} bytes, predicted "
+            f"{len(predicted[name][n]['buckets'])} ({'as predicted' if tn['buckets'] == predicted[name][n]['buckets'] else 'NOT as predicted'}); "
+            f"at k = 1 the DDP step took {t1['ddp'] - t1['compute']:+.2f} ms against the bare step; the computation "
+            f"per rank went from {t1['compute']:.2f} ms at k = 1 to {tn['compute']:.2f} ms at k = {n}; communication at "
+            f"k = {n}: {comm:.2f} ms measured, {predicted[name][n]['all_reduce_ms']:.2f} ms predicted; {n} DDP ranks "
+            f"processed {ratio:.2f}x the samples per second of one process (median steps): " + {
+                "higher": "more, beyond the steps' spread", "lower": "fewer, beyond the steps' spread",
+                "within the spread": "not told apart within the steps' spread",
+                "not judged": "one step each, not judged"}[said])
+        if said == "higher":
+            single, serial = statistics.median(one_process_steps[(name, n)]), n * t1["compute"]
+            lines.append(f"  why: one process took {single:.2f} ms for {n} x {per_rank_batch} samples, "
+                         + (f"longer than {n} bare steps of {per_rank_batch} samples one after the other on one engine "
+                            f"({serial:.2f} ms): the baseline was slowed (other programs on the machine, or its threads "
+                            f"waiting for each other)" if single > serial else
+                            f"and {n} bare steps of {per_rank_batch} samples on one engine take {serial:.2f} ms: the single "
+                            f"process used its {threads} threads worse than {n} processes with fewer threads each"))
+    return lines
 
 
 def predict(grad_bytes: list[int], ks, alpha: float, beta: float, bucket_cap_mb: float | None = None) -> dict:
