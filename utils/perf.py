@@ -86,7 +86,7 @@ def step_times_ms(fn, device, *, group=None, warmup: int = 3, repeats: int = 10)
 
 
 def median_ms(fn, device, *, group=None, warmup: int = 3, repeats: int = 10) -> float:
-    """The median of ``step_times_ms``. Times the DDP steps of labs 04 and 06."""
+    """The median of ``step_times_ms`` (lab 04's all-reduce of all the gradients, for one)."""
     return statistics.median(step_times_ms(fn, device, group=group, warmup=warmup, repeats=repeats))
 
 

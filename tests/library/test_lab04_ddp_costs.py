@@ -1,6 +1,8 @@
 """utils.labs.lab04 (lab 04, section 4): a DDP step's cost measured on real gloo ranks, and predicted."""
 from __future__ import annotations
 
+import statistics
+
 import pytest
 import torch
 
@@ -45,9 +47,9 @@ def test_time_ddp_steps_measures_every_k_and_sees_the_buckets_ddp_launches():
     merged = lab04.slowest([{tuple(key.split("/")[:1]) + (int(key.split("/")[1]),): v for key, v in r.items()}
                                 for r in per_rank])
     for key, value in merged.items():
-        assert value["ddp"] == max(r[f"{key[0]}/{key[1]}"]["ddp"] for r in per_rank if f"{key[0]}/{key[1]}" in r)
         steps = [r[f"{key[0]}/{key[1]}"]["ddp_steps"] for r in per_rank if f"{key[0]}/{key[1]}" in r]
         assert value["ddp_steps"] == [max(step) for step in zip(*steps)] and len(value["ddp_steps"]) == 2
+        assert value["ddp"] == statistics.median(value["ddp_steps"])     # the table's number is the verdict's
         assert all(value[what] > 0 for what in ("ddp", "compute", "all_reduce"))
         # the hook saw exactly the buckets that the prediction expects, in launch order
         assert value["buckets"] == ddp_timing.ddp_bucket_bytes(value["grad_bytes"]), key
@@ -62,7 +64,7 @@ def test_one_process_ms_times_a_real_step():
 
 
 def _cost(ddp_steps, compute=1.0, buckets=(400,)):
-    return {"ddp": sorted(ddp_steps)[len(ddp_steps) // 2], "compute": compute, "all_reduce": 0.1,
+    return {"ddp": statistics.median(ddp_steps), "compute": compute, "all_reduce": 0.1,
             "grad_bytes": [400], "buckets": list(buckets), "ddp_steps": list(ddp_steps)}
 
 
@@ -84,4 +86,6 @@ def test_say_costs_calls_ddp_faster_or_slower_only_beyond_the_steps_spread(tmp_p
     assert "fewer, beyond the steps' spread" in slow and "NOT as predicted" in slow
     noisy = next(line for line in lines if line.startswith("- noisy:"))
     assert "not told apart within the steps' spread" in noisy, text
+    # its medians favour DDP (1.17x), yet no "why" follows a difference the steps do not bear out
+    assert "1.17x" in noisy and len(lines) == 4 and lines[-1] == noisy, text
     assert not contradictions(record) and len(record.read_text().splitlines()) == 3

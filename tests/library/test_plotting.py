@@ -176,5 +176,8 @@ def test_plot_examples_shows_each_class_in_its_own_column():
     fig = plotting.plot_examples(x, y, ["a", "b", "c"], per_class=2, title="t")
     assert len(fig.axes) == 6 and [ax.get_title() for ax in fig.axes[:3]] == ["a", "b", "c"]
     assert all(len(ax.images) == 1 for ax in fig.axes)
+    for label in range(3):                   # column j shows class j's first images: samples j, then j + 3
+        assert np.allclose(fig.axes[label].images[0].get_array(), x[label, 0].numpy())
+        assert np.allclose(fig.axes[3 + label].images[0].get_array(), x[label + 3, 0].numpy())
     colour = plotting.plot_examples(torch.randn(6, 3, 8, 8), torch.arange(6) % 3, ["a", "b", "c"], per_class=1)
     assert colour.axes[0].images[0].get_array().shape == (8, 8, 3)

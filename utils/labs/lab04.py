@@ -6,9 +6,11 @@ together (the others wait at a barrier), it times a DDP step on a subgroup of k 
 on the bare model (the computation alone: no hooks, no all-reduce), with ``utils.ddp_timing``'s
 ``time_ddp_against_bare``, which times lab 06's scaling too; it adds one all-reduce of a tensor as
 large as all the gradients (``utils.perf.median_ms``) and records the buckets DDP all-reduces in a
-step (a communication hook that notes each bucket's size). ``one_process_ms`` times the alternative in
-the notebook: one process computing the same global batch. ``predict`` gives each step's buckets and
-all-reduce time from lab 03's alpha-beta model (``utils.ddp_timing``, which lab 06 uses too).
+step (a communication hook that notes each bucket's size); ``slowest`` merges the ranks, step by step.
+``one_process_steps_ms`` and ``one_process_ms`` time the alternative in the notebook: one process computing
+the same global batch. ``predict`` gives each step's buckets and all-reduce time from lab 03's alpha-beta
+model (``utils.ddp_timing``, which lab 06 uses too). ``say_costs`` prints what the numbers show, the
+throughput of the DDP ranks against one process's judged through ``utils.outcomes`` on each timed step.
 """
 from __future__ import annotations
 
@@ -79,15 +81,17 @@ def time_ddp_steps(workloads: dict, per_rank_batch: int, device, *, warmup: int 
 
 
 def slowest(per_rank: list[dict]) -> dict:
-    """Per (workload, k): the slowest rank's times (a step ends when every rank's does), each timed DDP step's
-    slowest rank (``ddp_steps``: the ranks start each step together at a barrier), and rank 0's buckets."""
+    """Per (workload, k): each timed step as slow as its slowest rank (a step ends when every rank's does; the ranks
+    start each step together at a barrier), as ``ddp_steps`` and ``compute_steps``, with their medians as ``ddp`` and
+    ``compute``; the slowest rank's all-reduce median; rank 0's buckets."""
     merged = {}
     for key, first in per_rank[0].items():
         ranks = [t[key] for t in per_rank if key in t]
-        merged[key] = {what: max(t[what] for t in ranks) for what in ("ddp", "compute", "all_reduce")}
-        merged[key].update(grad_bytes=first["grad_bytes"], buckets=first["buckets"])
-        if all("ddp_steps" in t for t in ranks):
-            merged[key]["ddp_steps"] = [max(steps) for steps in zip(*(t["ddp_steps"] for t in ranks))]
+        merged[key] = {f"{what}_steps": [max(steps) for steps in zip(*(t[f"{what}_steps"] for t in ranks))]
+                       for what in ("ddp", "compute")}
+        merged[key].update({what: statistics.median(merged[key][f"{what}_steps"]) for what in ("ddp", "compute")},
+                           all_reduce=max(t["all_reduce"] for t in ranks), grad_bytes=first["grad_bytes"],
+                           buckets=first["buckets"])
     return merged
 
 
@@ -117,7 +121,7 @@ def say_costs(costs: dict, predicted: dict, one_process_steps: dict, workloads, 
         t1, tn = costs[(name, 1)], costs[(name, n)]
         comm = max(tn["ddp"] - tn["compute"], 0)
         samples = n * per_rank_batch
-        ddp_rates = [samples / ms * 1e3 for ms in tn.get("ddp_steps", [tn["ddp"]])]
+        ddp_rates = [samples / ms * 1e3 for ms in tn["ddp_steps"]]
         single_rates = [samples / ms * 1e3 for ms in one_process_steps[(name, n)]]
         said = outcomes.compare(f"{name}: {n} DDP ranks", ddp_rates, "one process", single_rates, unit=" samples/s")
         ratio = statistics.median(ddp_rates) / statistics.median(single_rates)

@@ -14,7 +14,9 @@ others wait at a barrier), one training step of a DDP model on a subgroup of k r
 of the bare model (the computation alone), in turns, for each per-rank batch asked for, with
 ``utils.ddp_timing.time_ddp_against_bare``; a step that two series share (k = 1 of strong and weak
 scaling) is timed once. ``predicted_step_ms`` predicts the step from lab 03's alpha-beta model and DDP's
-buckets (``utils.ddp_timing``); ``speedup_verdict`` judges a speed-up through ``utils.outcomes``.
+buckets (``utils.ddp_timing``); ``speedup_verdict`` judges a speed-up through ``utils.outcomes``;
+``LiveScaling`` turns every rank's timings into the throughput and communication the lab draws and says
+what they show (no timing verdict where workers shared cores).
 ``recorded_runs`` and ``plot_recorded`` read and draw benchmarks/bench_lab06_scaling.py's recordings (a
 core per worker).
 
@@ -24,6 +26,9 @@ on the device (``wrn_settings``); and a whole training run to a target validatio
 epoch (``train_to_accuracy``). ``benchmarks/bench_wrn_gpu.py`` records both on a GPU machine
 (``benchmarks/results/wrn_gpu_*.json``) and the lab shows them where there is no GPU;
 ``recorded_gpu_runs`` reads them back.
+
+Section 4, time to accuracy: ``run_job_script`` runs the learner's job with 1, 2 and N processes;
+``plot_time_to_accuracy`` draws the runs and ``time_to_accuracy_verdicts`` says what they show.
 """
 from __future__ import annotations
 
@@ -168,6 +173,8 @@ def plot_scaling(ks, throughput: dict, predicted: dict, communication: dict, tit
 
 # Recorded runs of section 3 (benchmarks/bench_lab06_scaling.py: one process per worker, each on a core
 # of its own), which lab 06 shows beside its live run and deck 06 shows as its figure.
+
+# --- Section 3, live: every rank's timings, the figure's numbers and the verdicts -----------------------------
 
 class LiveScaling:
     """Section 3's live measurement, from every rank's ``time_scaling`` results (``per_rank_timings``): per model
@@ -594,6 +601,8 @@ def plot_time_to_accuracy(job_runs: dict, global_batch: int, epochs: int):
     ax.legend(fontsize=8)
     return fig
 
+
+# --- Section 4: the runs to accuracy, and what they show ------------------------------------------------------
 
 def same_global_batches(nprocs, train_size: int, global_batch: int, seed: int = 0) -> bool:
     """Whether every global step of the job's first epoch holds the same samples whatever the number of processes
