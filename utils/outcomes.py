@@ -55,8 +55,8 @@ def rises_after_minimum(xs: Sequence[float], ys: Sequence[float]) -> tuple[float
     return xs[best], all(b > a for a, b in zip(ys[best:], ys[best + 1:]))
 
 
-# Verdicts that compare numbers. Each prints its sentence and, when COURSE_VERDICTS names a file,
-# appends the sentence's kind, numbers and conclusion to it as one JSON line: the test suite re-reads
+# Verdicts that compare numbers. Each returns its conclusion (and its sentence, where it writes one) and,
+# when COURSE_VERDICTS names a file, appends the sentence's kind, numbers and conclusion to it as one JSON line: the test suite re-reads
 # every conclusion a lab printed and checks it against those numbers with rules of its own
 # (tests/library/verdict_rules.py), at the worker counts of a 2-core machine and of an 8-core laptop.
 

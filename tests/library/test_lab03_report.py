@@ -34,9 +34,9 @@ def _findings(rounds, capsys):
 
 
 def test_quiet_rounds_give_verdicts(capsys):
-    report, lines = _findings([_round(yours=4.0), _round(1.01, yours=4.0)], capsys)
-    assert report["alpha"] == pytest.approx(50e-6, rel=1e-3)  # the ping-pong's link, recovered
-    assert "differed by up to 1%" in lines[0]
+    report, lines = _findings([_round(0.99, yours=4.0), _round(1.01, yours=4.0)], capsys)
+    assert report["alpha"] == pytest.approx(50e-6, rel=1e-2)  # the ping-pong's link, recovered
+    assert "differed by up to 2%" in lines[0]
     assert "latency, not bytes, sets the time" in lines[1]
     assert "as the model says" in lines[2]   # gloo equals the ring model here
     assert any(f"{REFERENCE} took 2.00x gloo's time: slower" in line for line in lines)
@@ -48,8 +48,8 @@ def test_quiet_rounds_give_verdicts(capsys):
 def test_noisy_rounds_call_differences_noise(capsys):
     _, lines = _findings([_round(yours=1.5), _round(3.0, yours=1.5)], capsys)
     assert "differed by up to 200%" in lines[0]
-    assert any(f"{REFERENCE} took 2.00x gloo's time: within the noise" in line for line in lines)
-    assert "within the noise" in lines[-1]
+    assert any(f"{REFERENCE} took 2.00x gloo's time: within the rounds' spread: noise" in line for line in lines)
+    assert "within the rounds' spread: noise" in lines[-1]
 
 
 def test_best_of_takes_the_faster_round():
@@ -62,3 +62,18 @@ def test_best_of_takes_the_faster_round():
 def test_without_the_learners_ring_no_comparison_with_it(capsys):
     _, lines = _findings([_round(), _round()], capsys)
     assert not any(YOURS in line for line in lines)
+
+
+def test_every_verdict_goes_through_outcomes_and_its_rule_agrees(capsys, tmp_path, monkeypatch):
+    """Each comparison is recorded for the suite's verdict rules, which re-derive it from the rounds' times."""
+    from verdict_rules import contradictions, verdicts
+
+    monkeypatch.setenv("COURSE_VERDICTS", str(tmp_path / "verdicts.jsonl"))
+    for rounds in ([_round(0.99, yours=4.0), _round(1.01, yours=4.0)], [_round(1.2, yours=1.5), _round(3.0, yours=1.5)]):
+        report = report_module.summarise(rounds, P)
+        report_module.print_findings(report)
+    recorded = verdicts(tmp_path / "verdicts.jsonl")
+    assert len(recorded) == 2 * (1 + 2 * 2 + 1)   # the model, 2 rings at 2 sizes, the reference against yours
+    assert [v["conclusion"] for v in recorded[:6]] == ["within the spread", "higher", "higher", "higher", "higher", "lower"]
+    assert [v["conclusion"] for v in recorded[6:]] == ["higher"] + ["within the spread"] * 5
+    assert not contradictions(tmp_path / "verdicts.jsonl")

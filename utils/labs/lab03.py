@@ -5,9 +5,11 @@ decided by the numbers it is given.
 """
 from __future__ import annotations
 
+import statistics
+
 import matplotlib.pyplot as plt
 
-from utils import collectives
+from utils import collectives, outcomes
 
 PING_PONG = "ping-pong (rank 0 <-> 1)"
 GLOO = "dist.all_reduce (gloo)"
@@ -66,7 +68,8 @@ def summarise(rounds: list[dict], world_size: int) -> dict:
     Each round maps a name to ``utils.collectives.sweep``'s rows (the same sizes for each), and must
     hold the ping-pong under ``PING_PONG`` and gloo's all-reduce under ``GLOO``. The link's ``alpha``
     and ``beta`` come from the ping-pong (half a round trip per message); ``predicted`` is the ring
-    model with them. ``noise`` is how much the rounds differed, per operation and size.
+    model with them. ``noise`` is how much the rounds differed, per operation and size; ``per_round`` holds
+    every round's time, per operation and size, for the findings' comparisons.
     """
     p = world_size
     measured, noise = best_of(rounds), spread(rounds)
@@ -92,7 +95,8 @@ def summarise(rounds: list[dict], world_size: int) -> dict:
                                                            world_size=p)
         rings[name] = (ring_alpha, ring_beta)
         print(f"{name}: ring model fitted to it: alpha = {ring_alpha * 1e6:.1f} us, 1/beta = {_rate(ring_beta)}")
-    return dict(world_size=p, sizes=sizes, measured=measured, noise=noise, rounds=len(rounds),
+    per_round = {name: [[r[name][i]["seconds"] for r in rounds] for i in range(len(sizes))] for name in measured}
+    return dict(world_size=p, sizes=sizes, measured=measured, noise=noise, rounds=len(rounds), per_round=per_round,
                 all_reduces=all_reduces, alpha=alpha, beta=beta, gloo_alpha=gloo_alpha, gloo_beta=gloo_beta,
                 predicted=predicted, rings=rings)
 
@@ -129,60 +133,69 @@ def _kib(n: int) -> str:
     return f"{n // 2 ** 10} KiB" if n < 2 ** 20 else f"{n // 2 ** 20} MiB"
 
 
-def _compare(a: float, b: float, noise: float) -> str:
-    """``a`` against ``b`` (times), called different only when they differ by more than ``noise``."""
-    if a > b * (1 + noise):
-        return "slower"
-    if b > a * (1 + noise):
-        return "faster"
-    return "within the noise"
+SAID = {"higher": "slower", "lower": "faster", "within the spread": "within the rounds' spread: noise",
+        "not judged": "one round each, not judged"}
+
+
+def _versus(name_a: str, a: list, name_b: str, b: list) -> str:
+    """``a`` against ``b`` (seconds, one per round) through ``utils.outcomes.compare``, which records the
+    verdict with its numbers: 'slower' or 'faster' only beyond the rounds' spread (half the range of each,
+    added), else noise."""
+    return SAID[outcomes.compare(name_a, [t * 1e6 for t in a], name_b, [t * 1e6 for t in b], unit=" us")]
 
 
 def findings(report: dict) -> list[str]:
-    """What the measurements say, one sentence each, every verdict decided by the numbers: a difference
-    counts only where it is larger than the rounds' own spread at that size."""
-    measured, noise = report["measured"], report["noise"]
+    """Print what the measurements say, one sentence each (returned too), every verdict decided by the
+    numbers: each comparison goes through ``utils.outcomes.compare`` on the rounds' times, so a difference
+    counts only beyond the rounds' own spread, and the suite re-derives every verdict from those times."""
+    per_round, noise = report["per_round"], report["noise"]
     sizes, p, beta = report["sizes"], report["world_size"], report["beta"]
-    gloo = [row["seconds"] for row in measured[GLOO]]
+    mean = {name: [statistics.fmean(times) for times in rows] for name, rows in per_round.items()}
+    gloo = mean[GLOO]
     largest = len(sizes) - 1
     worst = max(v for values in noise.values() for v in values)
-    lines = [f"Noise: the {report['rounds']} rounds of each measurement differed by up to {worst:.0%} "
-             f"(column 'rounds differ'); below, a difference smaller than that at its size is called noise."]
+    lines = []
+
+    def say(line):
+        print("-", line)
+        lines.append(line)
+
+    say(f"Noise: the {report['rounds']} rounds of each measurement differed by up to {worst:.0%} (column 'rounds "
+        f"differ'); below, each comparison uses the rounds' mean, and a difference within the rounds' spread "
+        f"is called noise.")
     growth, size_step = gloo[1] / gloo[0], sizes[1] / sizes[0]
-    lines.append(f"Small messages: from {_kib(sizes[0])} to {_kib(sizes[1])} ({size_step:g}x the bytes) gloo's "
-                 f"all-reduce time grew {growth:.2f}x (its rounds differed by {max(noise[GLOO][:2]):.0%} there): "
-                 + ("far less than the bytes, so latency, not bytes, sets the time there."
-                    if growth < size_step / 2 else "about as much as the bytes, so the bytes already matter there."))
+    say(f"Small messages: from {_kib(sizes[0])} to {_kib(sizes[1])} ({size_step:g}x the bytes) gloo's all-reduce "
+        f"time grew {growth:.2f}x (its rounds differed by {max(noise[GLOO][:2]):.0%} there): "
+        + ("far less than the bytes, so latency, not bytes, sets the time there."
+           if growth < size_step / 2 else "about as much as the bytes, so the bytes already matter there."))
     model_small = report["predicted"][0]
-    verdict = _compare(gloo[0], model_small, noise[GLOO][0])
-    lines.append(f"At {_kib(sizes[0])} gloo took {gloo[0] * 1e6:.0f} us, {gloo[0] / model_small:.1f}x the ring "
-                 f"model's {model_small * 1e6:.0f} us (2(p-1) = {2 * (p - 1)} latencies of the ping-pong's alpha): "
-                 + {"slower": "slower than the model.", "faster": "faster than the model.",
-                    "within the noise": "as the model says, within the noise."}[verdict])
+    verdict = _versus(f"gloo at {_kib(sizes[0])}", per_round[GLOO][0], "the ring model", [model_small])
+    say(f"At {_kib(sizes[0])} gloo took {gloo[0] * 1e6:.0f} us, {gloo[0] / model_small:.1f}x the ring model's "
+        f"{model_small * 1e6:.0f} us (2(p-1) = {2 * (p - 1)} latencies of the ping-pong's alpha): "
+        + {"slower": "slower than the model.", "faster": "faster than the model."}.get(
+            verdict, f"as the model says, {verdict}."))
     for name in report["all_reduces"]:
-        busbw = measured[name][largest]["busbw"]
+        busbw = report["measured"][name][largest]["busbw"]
         share = f", {busbw * beta:.0%} of the link's 1/beta = {_rate(beta)}" if beta > 0 else ""
-        lines.append(f"{name}: busbw at {_kib(sizes[largest])} = {busbw / 1e9:.2f} GB/s{share}.")
+        say(f"{name}: busbw at {_kib(sizes[largest])} = {busbw / 1e9:.2f} GB/s (best round){share}.")
     for i in (0, largest):
         for name in report["all_reduces"]:
             if name == GLOO:
                 continue
-            mine, theirs = measured[name][i]["seconds"], gloo[i]
-            verdict = _compare(mine, theirs, max(noise[name][i], noise[GLOO][i]))
-            lines.append(f"At {_kib(sizes[i])} {name} took {mine / theirs:.2f}x gloo's time: {verdict}.")
-    if YOURS in measured:
-        mine, reference = measured[YOURS][largest]["seconds"], measured[REFERENCE][largest]["seconds"]
+            verdict = _versus(f"{name} at {_kib(sizes[i])}", per_round[name][i], "gloo", per_round[GLOO][i])
+            say(f"At {_kib(sizes[i])} {name} took {mean[name][i] / gloo[i]:.2f}x gloo's time: {verdict}.")
+    if YOURS in per_round:
+        mine, reference = mean[YOURS][largest], mean[REFERENCE][largest]
         pieces = -(-(sizes[largest] // p) // collectives.SEGMENT_BYTES)
-        verdict = _compare(reference, mine, max(noise[YOURS][largest], noise[REFERENCE][largest]))
-        lines.append(f"At {_kib(sizes[largest])} the pipelined reference ring took {reference / mine:.2f}x the time of "
-                     f"yours: {verdict}. Each chunk is {pieces} piece(s) of at most "
-                     f"{_kib(collectives.SEGMENT_BYTES)} here"
-                     + (", so there was nothing to pipeline: a difference comes from elsewhere (the reference "
-                        "reuses its buffers and posts the next step's receives early)." if pieces == 1 else
-                        ": the pieces of a chunk can overlap each other's transfers and additions."))
+        verdict = _versus(f"the reference ring at {_kib(sizes[largest])}", per_round[REFERENCE][largest],
+                          "yours", per_round[YOURS][largest])
+        say(f"At {_kib(sizes[largest])} the pipelined reference ring took {reference / mine:.2f}x the time of "
+            f"yours: {verdict}. Each chunk is {pieces} piece(s) of at most {_kib(collectives.SEGMENT_BYTES)} here"
+            + (", so there was nothing to pipeline: a difference comes from elsewhere (the reference "
+               "reuses its buffers and posts the next step's receives early)." if pieces == 1 else
+               ": the pieces of a chunk can overlap each other's transfers and additions."))
     return lines
 
 
 def print_findings(report: dict) -> None:
-    for line in findings(report):
-        print("-", line)
+    findings(report)
