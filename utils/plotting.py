@@ -563,3 +563,23 @@ def plot_examples(x, y, class_names: Sequence[str], per_class: int = 2, title: s
     if title:
         fig.suptitle(title)
     return fig
+
+
+def plot_accuracy_and_epoch_times(runs: Mapping[str, Sequence[Mapping]], target: float,
+                                  timed_only: Mapping[str, float] | None = None):
+    """Left: test accuracy per epoch of each run, against the target; right: each run's mean seconds per
+    epoch, then ``timed_only``'s (runs timed but not plotted on the left, such as one epoch at another
+    batch). Each run is a list of ``{"epoch": 0-based, "test_accuracy", "seconds"}`` (the assessment's logs)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
+    for name, run in runs.items():
+        left.plot([r["epoch"] + 1 for r in run], [r["test_accuracy"] for r in run], marker="o", label=name)
+        right.bar(name, sum(r["seconds"] for r in run) / len(run))
+    for name, seconds in (timed_only or {}).items():
+        right.bar(name, seconds)
+    left.axhline(target, color="grey", linestyle="--", label="target")
+    left.set(xlabel="epoch", ylabel="test accuracy", title="accuracy per epoch")
+    left.legend()
+    right.set(ylabel="seconds per epoch", title="time per epoch")
+    right.tick_params(axis="x", labelsize=7)
+    fig.tight_layout()
+    return fig

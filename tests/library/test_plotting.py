@@ -181,3 +181,16 @@ def test_plot_examples_shows_each_class_in_its_own_column():
         assert np.allclose(fig.axes[3 + label].images[0].get_array(), x[label + 3, 0].numpy())
     colour = plotting.plot_examples(torch.randn(6, 3, 8, 8), torch.arange(6) % 3, ["a", "b", "c"], per_class=1)
     assert colour.axes[0].images[0].get_array().shape == (8, 8, 3)
+
+
+def test_plot_accuracy_and_epoch_times_draws_each_run_and_its_mean_epoch():
+    runs = {"one": [dict(epoch=e, test_accuracy=a, seconds=s) for e, a, s in ((0, 0.2, 4.0), (1, 0.5, 6.0))],
+            "two": [dict(epoch=e, test_accuracy=a, seconds=2.0) for e, a in ((0, 0.3), (1, 0.7), (2, 0.8))]}
+    fig = plotting.plot_accuracy_and_epoch_times(runs, 0.6, timed_only={"alone": 3.5})
+    left, right = fig.axes
+    lines = [line for line in left.get_lines() if line.get_label() != "target"]
+    assert [list(line.get_xdata()) for line in lines] == [[1, 2], [1, 2, 3]]          # epochs from 1
+    assert [list(line.get_ydata()) for line in lines] == [[0.2, 0.5], [0.3, 0.7, 0.8]]
+    assert [line.get_ydata()[0] for line in left.get_lines() if line.get_label() == "target"] == [0.6]
+    assert [bar.get_height() for bar in right.patches] == [5.0, 2.0, 3.5]               # means, then the timed one
+    assert [tick.get_text() for tick in right.get_xticklabels()] == ["one", "two", "alone"]
