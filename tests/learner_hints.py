@@ -1,4 +1,4 @@
-"""Shared by the check tests of labs 01 and 02: step-by-step hints stay out of the learner edition."""
+"""Shared by the labs' check tests: step-by-step hints (a check module's ``HINTS``) stay out of the learner edition."""
 from __future__ import annotations
 
 import re

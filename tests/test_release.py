@@ -12,9 +12,6 @@ NOTEBOOKS = release.source_notebooks()
 ids = [p.name for p in NOTEBOOKS]
 
 
-pytestmark = pytest.mark.slow   # real processes or notebooks: left out of make test-fast
-
-
 def test_solution_becomes_stub_with_hint_and_indentation():
     source = ("def f(x):\n    # Hint: square it\n    ### BEGIN SOLUTION\n    y = x * x\n    return y\n"
               "    ### END SOLUTION\n\nprint(f)")
@@ -111,6 +108,7 @@ def test_no_solution_line_survives(path, tmp_path):
             assert theirs.outputs == [] and theirs.execution_count is None
 
 
+@pytest.mark.slow   # runs notebooks: left out of make test-fast, unlike the edition and bundle rules here
 @pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.parent.name == "labs"], ids=lambda p: p.name)
 def test_learner_edition_stops_at_first_exercise_and_every_check_fails_helpfully(path, tmp_path):
     learner_path = tmp_path / "learner" / path.name
@@ -183,6 +181,7 @@ def _assessment_secrets() -> list[str]:
     return sorted({line.strip() for line in inside if len(line.strip()) > 24 and line.strip() not in given})
 
 
+@pytest.mark.slow   # runs the bundle's own tests in a child process
 def test_the_learner_bundle_works_and_holds_none_of_the_assessments_secrets(tmp_path):
     import os
     import subprocess

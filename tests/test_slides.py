@@ -46,7 +46,9 @@ def browser():
 
 def test_one_deck_per_lab_and_one_for_the_assessment():
     names = [p.stem for p in slides.decks()]
-    assert names == [p.stem for p in LABS] + ["assessment"]
+    wanted = [p.stem for p in LABS] + ["assessment"]
+    assert names == wanted, f"decks missing: {sorted(set(wanted) - set(names))}; decks for no lab: " \
+                            f"{sorted(set(names) - set(wanted))} (one slides/NN_topic.md per lab, see MAINTAINING.md)"
 
 
 @pytest.mark.parametrize("lab", LABS, ids=lambda p: p.stem[:2])
