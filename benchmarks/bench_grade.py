@@ -29,14 +29,41 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import machine  # noqa: E402
 
 
-def grade(folder: Path, out: Path, jobs: int, quick: bool) -> tuple[float, str]:
-    """Seconds the whole batch took, and the grader's line on the isolation it used."""
-    command = [sys.executable, "-m", "assessment.grader.grade", str(folder), "--out", str(out), "--jobs", str(jobs)]
+# The grader as `python -m assessment.grader.grade` runs it, with each sandboxed run and each judging step timed
+# (one "PHASE name seconds" line each on stderr): where a submission's grading time goes.
+TIMED_GRADER = """
+import functools, sys, time
+from assessment.grader import grade, judging, sandbox
+def timed(module, name, label):
+    call = getattr(module, name)
+    @functools.wraps(call)
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            print(f"PHASE {label(args)} {time.perf_counter() - start:.2f}", file=sys.stderr, flush=True)
+    setattr(module, name, wrapper)
+timed(sandbox, "run", lambda args: "job" if "assessment.job" in args[0] else "notebook")
+timed(judging, "call", lambda args: args[0])
+sys.exit(grade.main(sys.argv[1:]))
+"""
+
+
+def grade(folder: Path, out: Path, jobs: int, quick: bool) -> tuple[float, str, dict]:
+    """Seconds the whole batch took, the grader's line on the isolation it used, and seconds per phase (summed
+    over the batch: the sandboxed notebook and job runs, and each judging step)."""
+    command = [sys.executable, "-c", TIMED_GRADER, str(folder), "--out", str(out), "--jobs", str(jobs)]
     start = time.perf_counter()
     done = subprocess.run(command + (["--quick"] if quick else []), cwd=ROOT, check=True, capture_output=True,
                           text=True)
     isolation = next((line for line in done.stderr.splitlines() if "isolation:" in line), "")
-    return time.perf_counter() - start, isolation.split("isolation: ", 1)[-1]
+    phases: dict = {}
+    for line in done.stderr.splitlines():
+        if line.startswith("PHASE "):
+            _, name, seconds = line.split()
+            phases[name] = round(phases.get(name, 0.0) + float(seconds), 1)
+    return time.perf_counter() - start, isolation.split("isolation: ", 1)[-1], phases
 
 
 def run_once(quick: bool, out: Path) -> float:
@@ -63,10 +90,10 @@ def main() -> None:
         for i in range(args.copies):
             shutil.copy(ROOT / "assessment" / "assessment.ipynb", folder / f"correct_{i}.ipynb")
         notebook = run_once(args.quick, scratch / "once")
-        serial, isolation = grade(folder, scratch / "serial", 1, args.quick)
+        serial, isolation, phases = grade(folder, scratch / "serial", 1, args.quick)
         csv_serial = (scratch / "serial" / "grades.csv").read_text()
         if args.jobs > 1:
-            parallel, _ = grade(folder, scratch / "parallel", args.jobs, args.quick)
+            parallel, _, _ = grade(folder, scratch / "parallel", args.jobs, args.quick)
             same = csv_serial == (scratch / "parallel" / "grades.csv").read_text()
         else:                                   # --jobs 1: the time one at a time only
             parallel, same = None, None
@@ -78,6 +105,7 @@ def main() -> None:
               "notebook_once_s": round(notebook, 1),
               "serial_s_per_submission": round(serial / args.copies, 1),
               "grading_over_notebook": round(serial / args.copies / notebook, 2),
+              "serial_phases_s_per_submission": {name: round(t / args.copies, 1) for name, t in phases.items()},
               "parallel_s_per_submission": parallel and round(parallel / args.copies, 1),
               "speedup": parallel and round(serial / parallel, 2), "csv_identical": same, "full_marks": full,
               "isolation": isolation}

@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -776,3 +777,94 @@ def test_a_replay_that_differs_is_flagged_in_the_feedback_and_the_table_and_cost
     assert "could not be replayed: judging took longer than 900 s" in flags[1], flags
     text = (tmp_path / "feedback" / "s0.md").read_text()
     assert "Flagged for your instructor (no points changed):" in text and "recorded steps give" in text, text
+
+
+def _options(**more):
+    import argparse
+    return argparse.Namespace(judge_timeout=5, quick=True, course=str(ROOT), course_dir=None, mode="none", cell_timeout=60,
+                              notebook_timeout=60, job_timeout=60, counted_seed=None, replay_timeout=900, **more)
+
+
+def _returning_every_file(command, work, keep, out, *rest, **kw):
+    """A sandbox run that returns each file it was asked to keep (here: empty ones)."""
+    for name in keep:
+        (Path(out) / Path(name).name).parent.mkdir(parents=True, exist_ok=True)
+        (Path(out) / Path(name).name).write_bytes(b"")
+    return sandbox.Result(0, False, 1.0, "none")
+
+
+@pytest.mark.parametrize("returned", ["every checkpoint and record", "nothing"])
+def test_the_replay_runs_beside_the_job_and_the_judging(tmp_path, monkeypatch, returned):
+    """The replay needs only what the notebook returned: where the run left every checkpoint and record, it starts
+    before the judging ends (the judging here waits for it); where it did not, it runs after the judging, only if
+    the run is accepted. Its answer is read either way."""
+    import threading
+
+    from assessment.grader import judging
+    monkeypatch.setattr(sandbox, "run", _returning_every_file if returned != "nothing" else
+                        lambda *args, **kw: sandbox.Result(0, False, 1.0, "none"))
+    started, order = threading.Event(), []
+
+    def call(step, *args, cancel=None, **kw):
+        if step == "prepare":
+            return {"refused": "", "notes": []}
+        if step == "replay":
+            order.append("replay")
+            started.set()
+            return {"flag": "replayed"}
+        started.wait(30 if returned != "nothing" else 0.5)
+        order.append("judge")
+        return {"ran": True, "run_problem": "", "notes": [], "verdicts": {}, "target": [True, "held"],
+                "speed": [True, "fast"]}
+    monkeypatch.setattr(judging, "call", call)
+    row = grade_module.grade_one(ROOT / "assessment" / "assessment.ipynb", tmp_path, _options())
+    assert row.flags == ["replayed"], (row.flags, row.reasons)
+    assert order == (["replay", "judge"] if returned != "nothing" else ["judge", "replay"]), order
+
+
+def test_a_run_not_accepted_has_its_replay_stopped_unread(tmp_path, monkeypatch):
+    import threading
+
+    from assessment.grader import judging
+    stopped = threading.Event()
+
+    def call(step, *args, cancel=None, **kw):
+        if step == "prepare":
+            return {"refused": "", "notes": []}
+        if step == "replay":
+            assert cancel.wait(60), "the replay was never stopped"
+            stopped.set()
+            raise judging.Cancelled(step)
+        return {"ran": True, "run_problem": "", "notes": [], "verdicts": {}, "target": [False, "never held"],
+                "speed": [False, "no target"]}
+    monkeypatch.setattr(judging, "call", call)
+    monkeypatch.setattr(sandbox, "run", _returning_every_file)
+    row = grade_module.grade_one(ROOT / "assessment" / "assessment.ipynb", tmp_path, _options())
+    assert stopped.is_set() and row.flags == [] and row.points["target"] == 0 and not row.failed, row
+
+
+def test_a_judging_step_no_longer_wanted_is_stopped_with_its_child(tmp_path):
+    """Cancelling a step kills its child within a second or so (here during the child's start: the replay imports
+    torch first), and leaves no process behind."""
+    import threading
+    import time
+
+    from assessment.grader import judging
+
+    def children():
+        found = set()
+        for entry in os.listdir("/proc"):
+            try:
+                if entry.isdigit() and b"judging import _child" in open(f"/proc/{entry}/cmdline", "rb").read():
+                    found.add(entry)
+            except OSError:
+                continue
+        return found
+    before, cancel = children(), threading.Event()
+    threading.Timer(0.5, cancel.set).start()
+    start = time.monotonic()
+    with pytest.raises(judging.Cancelled):
+        judging.call("replay", str(tmp_path), 0, cancel=cancel)
+    assert time.monotonic() - start < 30 and children() <= before
+    with pytest.raises(judging.Cancelled):      # already cancelled: no child is started at all
+        judging.call("prepare", str(tmp_path / "x.ipynb"), "a", "b", cancel=cancel)

@@ -21,6 +21,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 SECONDS = 300                  # one judging step, wall clock (the correct solution's takes a few seconds)
@@ -32,18 +34,39 @@ class JudgingError(RuntimeError):
     """A judging step could not finish; the message says which limit it hit, for the learner's row."""
 
 
-def call(step: str, *args, seconds: float = SECONDS, memory_bytes: int = MEMORY_BYTES):
-    """Run ``STEPS[step](*args)`` in a limited child process and return its (JSON) result."""
+class Cancelled(Exception):
+    """The step's answer was no longer wanted (``cancel`` was set): its child was stopped."""
+
+
+def call(step: str, *args, seconds: float = SECONDS, memory_bytes: int = MEMORY_BYTES,
+         cancel: threading.Event | None = None):
+    """Run ``STEPS[step](*args)`` in a limited child process and return its (JSON) result. Setting ``cancel``
+    (from another thread) stops the child within a second and raises ``Cancelled``."""
     from utils.config import COURSE_ROOT
+    if cancel is not None and cancel.is_set():
+        raise Cancelled(step)
     request = json.dumps({"step": step, "args": args, "memory_bytes": int(memory_bytes)})
     # -I: neither the current folder nor PYTHONPATH decides what is imported; the course root is put first.
     bootstrap = f"import sys; sys.path.insert(0, {str(COURSE_ROOT)!r}); from assessment.grader.judging import _child; _child()"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    try:
-        child = subprocess.run([sys.executable, "-I", "-c", bootstrap], input=request.encode(), capture_output=True,
-                               timeout=seconds, env=env)
-    except subprocess.TimeoutExpired:
-        raise JudgingError(f"judging took longer than {seconds:g} s and was stopped ({step})") from None
+    process = subprocess.Popen([sys.executable, "-I", "-c", bootstrap], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=env)
+    deadline, given = time.monotonic() + seconds, request.encode()
+    while True:
+        try:
+            # communicate may be called again after a timeout without losing output; the input goes once
+            stdout, stderr = process.communicate(given, timeout=max(0.01, min(1.0, deadline - time.monotonic())))
+            break
+        except subprocess.TimeoutExpired:
+            given = None
+            late, cancelled = time.monotonic() >= deadline, cancel is not None and cancel.is_set()
+            if late or cancelled:
+                process.kill()
+                process.communicate()
+                if cancelled:
+                    raise Cancelled(step) from None
+                raise JudgingError(f"judging took longer than {seconds:g} s and was stopped ({step})") from None
+    child = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     if child.returncode < 0:
         if child.returncode == -signal.SIGKILL:
             raise JudgingError(f"judging was killed, most likely over its memory limit of {memory_bytes >> 20} MiB "
